@@ -12,6 +12,7 @@ from planner.cost import (
     asynctp,
     comm,
     dataparallel,
+    gathered,
     megatron_fsdp_moments,
     nccl_buffers,
     runtimes,
@@ -19,12 +20,7 @@ from planner.cost import (
     te_userbuffers,
 )
 from planner.cost.layers import LayerCost, layer_costs
-from planner.cost.rules import (
-    compute_ms,
-    input_pass_peak_bytes,
-    layer_step_ms,
-    layer_time_ms,
-)
+from planner.cost.rules import compute_ms, input_pass_peak_bytes, layer_step_ms, layer_time_ms
 from planner.cost.terms import (
     Context,
     _rows_at,
@@ -147,7 +143,7 @@ class StageCost:
             after_step_bytes=self.after_step_bytes,
             activation_bytes=self.activation_bytes,
             buffer_bytes=self.buffer_bytes,
-            transient_bytes=self.transient_bytes,
+            transient_bytes=max(0, self.transient_bytes),  # below 0 where static lacks its shards (stage_floor)
             time_ms=self.time_ms,
             step_ms=self.step_ms,
             comm_ms=self.comm_ms,
@@ -294,9 +290,10 @@ def transient_extra_bytes(layers: Sequence[LayerCost], checkpointed: Sequence[in
                             for layer, ckpt in zip(layers, checkpointed)])
 
 
-def net_extra_bytes(extra_and_kept: Sequence[tuple[float, float]]) -> float:
-    """transient_extra_bytes from each layer's (extra, kept), in stage order."""
-    extra, later_kept = 0, 0
+def net_extra_bytes(extra_and_kept: Sequence[tuple[float, float]], floor: float = 0.0) -> float:
+    """transient_extra_bytes from each layer's (extra, kept), in stage order; `floor`: the moment every microbatch is
+    whole and nothing else live (0; less what it lacks of static: gathered.stage_floor)."""
+    extra, later_kept = floor, 0
     for layer_extra, kept in reversed(extra_and_kept):
         extra = max(extra, layer_extra - later_kept)
         later_kept += kept
@@ -408,13 +405,13 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
     names = declared()
     totals = dict.fromkeys(names, 0.0)
     rows = _rows_at("layer")
-    per_layer = []  # each layer's value of every quantity: the extra and scratch aggregate by layer
-    for layer, ckpt in zip(layers, options):  # one pass over the rows per layer
+    per_layer = []  # each layer's value of every quantity (one pass over the rows per layer): extra, scratch by layer
+    for layer, ckpt in zip(layers, options):
         values = dict.fromkeys(names, 0.0)
         for term in rows:
             values[term.quantity] += term.value(layer, ckpt, ctx)
         per_layer.append(values)
-    per_layer = megatron_fsdp_moments.stage_moments(  # Megatron-FSDP's buffers at their moments, as extras
+    per_layer = megatron_fsdp_moments.stage_moments(  # Megatron-FSDP's, then FSDP2's units beside a pipeline
         layers, options, te_offload.stage_window(layers, options, per_layer, rows, ctx) or per_layer, stage=stage, ctx=ctx)
     for values in per_layer:
         for quantity, value in values.items():
@@ -425,14 +422,17 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
         totals[term.quantity] += term.value(last, stage, ctx)
     for term in _rows_at("stage"):
         totals[term.quantity] += term.value(stage, ctx)
+    per_layer = gathered.stage_unit_moments(layers, options, per_layer, stage=stage, profile=profile, setup=setup,
+                                            microbatch_kept=sum(totals[q] for q in quantities("kept")))
 
     static = totals["static"] + dataparallel.zero_one_excess_bytes(
         sum(layer.param_count for layer in layers), max(layer.largest_param_count for layer in layers), setup)
     loss_extra = stage_value("extra", stage, ctx)
-    # the loss's scratch is gone before the stage's layers run their backward, and what the
-    # loss keeps (the last stage) is freed before any of them does: after the last layer
-    transient = max(net_extra_bytes([(v["extra"], v["kept"]) for v in per_layer] + [(0.0, stage_value("kept", stage, ctx))]),
-                    loss_extra)
+    # the loss's scratch is gone before the stage's layers run their backward, and what the loss keeps (the last
+    # stage) is freed before any of them does: after the last layer; `floor`: what static lacks until then
+    floor = gathered.stage_floor(layers, stage=stage, profile=profile, setup=setup)
+    transient = max(net_extra_bytes([(v["extra"], v["kept"]) for v in per_layer] + [(floor, stage_value("kept", stage, ctx))],
+                                    floor), loss_extra + floor)
     return StageSums(
         static_bytes=static,
         buffer_bytes=sum(totals[q] for q in quantities("held") if q != "static"),

@@ -2,8 +2,9 @@
 reduce-scatter), which units it keeps gathered from their forward to the end of their backward,
 and so what FSDP2 holds beyond the sharded state at each moment of a one-stage step under ZeRO 3
 resharded after every forward (torchtitan without a pipeline, ckplan's runtime) or ZeRO 2 kept
-gathered to each unit's post-backward (ckplan's runtime); beside a pipeline every unit stays
-gathered and is charged whole in static (dataparallel.kept_whole).
+gathered to each unit's post-backward (ckplan's runtime), and a 1F1B or GPipe stage of ckplan's runtime over
+its own layers (beside_pipeline; gathered.stage_unit_moments, §399-§401); where a pipeline keeps its units whole
+every unit stays gathered and is charged whole in static (dataparallel.kept_whole).
 
 A runtime's record says how (RuntimeFacts.fsdp_units, fsdp_gathered_from_forward). "largest-layer"
 keeps a buffer term, a constant per stage of the model's largest layer (dataparallel.unsharded_bytes).
@@ -73,12 +74,37 @@ def gathered_from_forward(units: Sequence[int], held: Sequence[str]) -> set[int]
 
 def charged_per_moment(setup: TrainSetup, grouping: str) -> bool:
     """Whether the units are charged per moment: ZeRO 2 or 3 sharded per microbatch over a shard group of 2
-    or more, on one stage (beside a pipeline a stage's units are not the model's: the largest-layer term),
-    under a record whose units were read (not "largest-layer", nor "submodules": DeepSpeed's coordinator,
-    planner/cost/deepspeed_terms.py; nor "megatron-fsdp": planner/cost/megatron_fsdp.py)."""
+    or more, under a record whose units were read (not "largest-layer", nor "submodules": DeepSpeed's
+    coordinator, planner/cost/deepspeed_terms.py; nor "megatron-fsdp": planner/cost/megatron_fsdp.py), on one
+    stage or beside a pipeline (beside_pipeline)."""
     return (grouping not in ("largest-layer", "submodules", "megatron-fsdp") and setup.data_parallel.zero >= 2
-            and setup.pipeline.stages == 1 and dataparallel.shard_size(setup) > 1
+            and (setup.pipeline.stages == 1 or beside_pipeline(setup, grouping)) and dataparallel.shard_size(setup) > 1
             and not dataparallel.kept_whole(setup))
+
+
+def beside_pipeline(setup: TrainSetup, grouping: str) -> bool:
+    """Whether a pipeline's stages are charged per moment: units of one layer each ("per-layer": a stage's units
+    are its own layers', the stage's root holding none, so they follow the split), reduced every microbatch
+    (not kept whole), under 1F1B or GPipe (one stage per rank and a full backward: §399-§401). Elsewhere beside a
+    pipeline the largest layer's term (a root unit spans the model's ends; a chunked or split backward not read)."""
+    return (setup.pipeline.stages > 1 and grouping == "per-layer" and setup.pipeline.chunks == 1
+            and setup.pipeline.schedule in ("1F1B", "GPipe") and not dataparallel.kept_whole(setup))
+
+
+def warm_up(setup: TrainSetup, stage: int) -> int:
+    """The forwards stage `stage` runs before its first backward: 1F1B's min(P - s, M), GPipe's M."""
+    from planner.cost.schedules import one_chunk_in_flight
+
+    return one_chunk_in_flight(setup.pipeline.schedule, num_ranks=setup.pipeline.stages,
+                               num_microbatches=setup.pipeline.microbatches, rank=stage)
+
+
+def stray_prefetch(setup: TrainSetup, stage: int) -> bool:
+    """Whether stage `stage`'s first backward finds its last unit's all-gather output prefetched by its first
+    unit and held to the backward's end (§400): two or more forwards before it (warm_up), whose units FSDP2's
+    post-forward order lists twice; the backward prefetches the unit before in that order, for the first unit
+    the last unit of the forward before, which never waits on it."""
+    return warm_up(setup, stage) >= 2
 
 
 def regathered_per_moment(setup: TrainSetup, grouping: str) -> bool:
@@ -131,14 +157,17 @@ def loss_moment_bytes(params: Sequence[float], fp8: Sequence[float], setup: Trai
 
 
 def forward_bytes(params: Sequence[float], fp8: Sequence[float], i: int, setup: TrainSetup, *,
-                  grouping: str, held: Sequence[str], tied: Sequence[Sequence[int]] = ()) -> tuple[float, float]:
+                  grouping: str, held: Sequence[str], tied: Sequence[Sequence[int]] = (),
+                  every_end: bool = False) -> tuple[float, float]:
     """(copy-out, end): what FSDP2 holds as layer i's forward begins, where i is its unit's first layer (else 0),
     and as the model's last layer ends its forward (else 0). The copy-out into the unit's unsharded parameters
     runs with its own all-gather output and the previous unit's, which FSDP2 drops only once the copy-out is
     done (torch 2.13 _fsdp_param_group.py 429-432: the dropped state still referenced by `prev_all_gather_state`
     until wait_for_unshard returns; 463 the copy-out; 480-489 its own output kept), beside the units gathered
     then; the last layer's forward keeps the last all-gather output until the root's post-forward
-    (_fsdp_state.py 334-342). Under ZeRO 2 the outputs alone (the weights are in static)."""
+    (_fsdp_state.py 334-342). Under ZeRO 2 the outputs alone (the weights are in static). `every_end`: every
+    layer's end (beside a pipeline, where a layer may be its stage's last and the split is not known: each layer's
+    all-gather output lives through its forward to the next copy-out, a moment every layer has, §400)."""
     units, first, last, unit_params = _units(params, grouping, tied)
     kept = gathered_from_forward(units, held)
 
@@ -152,7 +181,9 @@ def forward_bytes(params: Sequence[float], fp8: Sequence[float], i: int, setup: 
         under_way = {u for u in previous if i <= last[u]} | (kept & set(previous))
         copy_out = _gathered(params, fp8, units, under_way | {own}, setup) + output(own) \
             + (output(max(previous, key=first.get)) if previous else 0.0)
-    if i == len(params) - 1:
+    if every_end:
+        end = _gathered(params, fp8, units, {own} | kept, setup) + output(own)
+    elif i == len(params) - 1:
         latest = max(first, key=first.get)  # the unit whose all-gather came last in the forward
         end = _gathered(params, fp8, units, {own} | kept, setup) + output(latest)
     return copy_out, end

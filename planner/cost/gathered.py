@@ -5,7 +5,7 @@ functions terms.py's rows call for them. Pure functions; nothing here reads a fi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from planner.cost import chunkedloss, dataparallel, fsdpunits, megatron_fsdp
 from planner.cost.deepspeed_terms import charged as deepspeed_charged
@@ -45,23 +45,28 @@ def kept_reduce_scatter_input_bytes(profile: Profile, stage: int, setup: TrainSe
     return largest * dataparallel.param_bytes(setup).grads
 
 
-def _held_params(profile: Profile, setup: TrainSetup) -> list[tuple[int, int]]:
+def _held_params(profile: Profile, setup: TrainSetup, layers=None) -> list[tuple[int, int]]:
     """Each layer's (parameters a rank holds, Float8 weights among them): under expert parallelism
-    a layer holds 1/E of its routed experts."""
+    a layer holds 1/E of its routed experts. `layers`: those of the profile's layers (all by default)."""
     ep = setup.data_parallel.ep
     return [(layer.param_count - layer.expert_param_count + layer.expert_param_count // ep,
-             layer.float8.param_count if layer.float8 is not None else 0) for layer in profile.layers]
+             layer.float8.param_count if layer.float8 is not None else 0)
+            for layer in (profile.layers if layers is None else layers)]
 
 
-def _units_args(profile: Profile, setup: TrainSetup):
+def _units_args(profile: Profile, setup: TrainSetup, names: Sequence[str] | None = None):
     """Each layer's parameters on the rank, its Float8 weights, and the units' arguments: a parameter several
     layers share (tied weights) is one FSDP2 parameter of their one unit (fsdpunits.unit_of_layers), counted at
-    its first holder only."""
-    held = _held_params(profile, setup)
-    names = [layer.name for layer in profile.layers]
-    tied = [sorted(names.index(name) for name in item.layers) for item in profile.tied]
+    its first holder only. `names`: a pipeline stage's layers (its units alone); beside a pipeline no set is
+    tied (each stage holds its own copy, its own unit: the embedding and the head are always split, and
+    planner/runtime/tie.py sums the copies' sharded gradients after the step)."""
+    layers = [layer for layer in profile.layers if names is None or layer.name in names]
+    held = _held_params(profile, setup, layers)
+    names = [layer.name for layer in layers]
+    piped = setup.pipeline.stages > 1
+    tied = [] if piped else [sorted(names.index(name) for name in item.layers) for item in profile.tied]
     shared = [0] * len(names)
-    for item, holders in zip(profile.tied, tied):
+    for item, holders in zip(profile.tied if not piped else (), tied):
         for j in holders[1:]:
             shared[j] += item.param_count
     record = runtime_facts(setup)
@@ -78,20 +83,116 @@ def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup
     scratch and saved tensors freed, its input's gradient made; its unit's copy-out as its forward begins:
     nothing of its own kept yet; the last layer's forward: its kept bytes. 0 where they are not charged per
     moment (unsharded_bytes holds the largest layer's instead). `kept_bytes`: the layer's kept bytes under `option`
-    (terms.layer_value's "kept", asked only where the moments are charged)."""
+    (terms.layer_value's "kept", asked only where the moments are charged).
+
+    Beside a pipeline (fsdpunits.beside_pipeline) the split is not known here, so the layer is charged as if
+    inside its stage (the unit before it prefetched, the previous all-gather output at its copy-out, the unit
+    after it reduced last: none of them at a stage's ends), every layer's forward end (it may be its stage's
+    last), and, where a stage's first backward follows two forwards or more, the largest layer's all-gather
+    output a stage's first unit may prefetch (fsdpunits.stray_prefetch): the solvers' bound, never under a
+    stage's own moments, which evaluate charges (stage_unit_moments)."""
 
     if not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
         return 0
     params, fp8, units = _units_args(profile, setup)
     index = next(i for i, known in enumerate(profile.layers) if known.name == layer.name)
+    piped = setup.pipeline.stages > 1
+    stray = 0.0
+    if piped and any(fsdpunits.stray_prefetch(setup, s) for s in range(setup.pipeline.stages)):
+        stray = max(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f in zip(params, fp8))
+    return _moment_extra(layer, option, profile, setup, kept_bytes(), params, fp8, index, units,
+                         model_last=index == len(profile.layers) - 1, every_end=piped, stray=stray)
+
+
+def stage_unit_moments(layers: Sequence[LayerCost], options: Sequence[int], per_layer: list[dict], *, stage: int,
+                       profile: Profile, setup: TrainSetup, microbatch_kept: float) -> list[dict]:
+    """Each layer's values (assembly.stage_sums' per_layer) with FSDP2's moments as the stage runs them beside a
+    pipeline (fsdpunits.beside_pipeline), in place of fsdp_unit_layer_bytes' bound: the stage's layers its units
+    (its first prefetches none in the backward and finds no all-gather output before its copy-out; its last
+    reduces first, nothing pending). Where the stage's first backward follows w >= 2 forwards
+    (fsdpunits.stray_prefetch; §400-§401): in that backward its last unit's all-gather output from its first
+    unit's pre-backward to the end, and no gradient shard of a unit not yet reduced (the step's zero_grad sets
+    them to None; the first reduce-scatter makes each); where no forward follows a backward (M = w) the forwards
+    beside w - 1 others find no shard either, under ZeRO 2 run no all-gather (the units stay gathered from the
+    first), and the later backwards hold one microbatch fewer (`microbatch_kept`: the stage's kept bytes a
+    microbatch). Under ZeRO 2 the weights whole in static less the units resharded at their post-backward by
+    then. `per_layer` unchanged elsewhere."""
+    if setup.pipeline.stages == 1 or not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
+        return per_layer
+    names = [layer.name for layer in layers]
+    params, fp8, units = _units_args(profile, setup, names)
+    warm = fsdpunits.warm_up(setup, stage)
+    stray = dataparallel.gathered_bytes(params[-1], setup, fp8_count=fp8[-1])
+    shards = [p * dataparallel.param_bytes(setup).grads / dataparallel.shard_size(setup) for p in params]
+    microbatch = microbatch_kept
+    warm_only = setup.pipeline.microbatches == warm  # no forward after a backward
+    zero2 = setup.data_parallel.zero < 3
+    last = stage == setup.pipeline.stages - 1
+    out = []
+    for j, (layer, option, values) in enumerate(zip(layers, options, per_layer)):
+        kept = values["kept"]
+        backward, forward = _moments(layer, option, profile, setup, kept, params, fp8, j, units,
+                                     model_last=last and j == len(layers) - 1, every_end=True)
+        if zero2:  # each unit resharded at its post-backward (TimedStage's set_reshard_after_backward, §399)
+            resharded = sum(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f in zip(params[j + 1:], fp8[j + 1:]))
+            own = dataparallel.gathered_bytes(params[j], setup, fp8_count=fp8[j])
+            backward = [backward[0] - resharded, backward[1] - resharded, backward[2] - resharded - own]
+        moments = [*backward, *forward]
+        if warm >= 2:
+            here = stray if j == 0 else 0.0
+            absent = sum(shards[:j + 1])  # the shards of j and the units before it, not reduced yet
+            first = [backward[0] + here - absent, backward[1] + here - absent, backward[2] + here - absent + shards[j]]
+            later = [value - microbatch for value in backward] if warm_only else backward
+            if not warm_only:
+                ahead = forward
+            elif zero2:  # F0's all-gathers beside no other microbatch; the forwards after it gather nothing
+                ahead = [*(value - sum(shards) - (warm - 1) * microbatch for value in forward), -sum(shards)]
+            else:
+                ahead = [value - sum(shards) for value in forward]
+            moments = [*first, *later, *ahead]
+        exact = int(round(max(moments)))
+        bound = fsdp_unit_layer_bytes(layer, option, profile, setup, lambda value=kept: value)
+        out.append({**values, "extra": values["extra"] + exact - bound})
+    return out
+
+
+def stage_floor(layers: Sequence[LayerCost], *, stage: int, profile: Profile, setup: TrainSetup) -> float:
+    """What static lacks where the stage's microbatches are all whole, nothing else live (assembly.net_extra_bytes'
+    floor): beside a pipeline under FSDP2's moments, where no forward follows a backward (M = the stage's warm-up,
+    two or more), its gradient shards, which the step's zero_grad set to None and the first backward's
+    reduce-scatters make again (§401); else 0."""
+    if setup.pipeline.stages == 1 or not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
+        return 0.0
+    warm = fsdpunits.warm_up(setup, stage)
+    if warm < 2 or setup.pipeline.microbatches != warm:
+        return 0.0
+    params, _, _ = _units_args(profile, setup, [layer.name for layer in layers])
+    return -sum(params) * dataparallel.param_bytes(setup).grads / dataparallel.shard_size(setup)
+
+
+def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,
+             params: Sequence[float], fp8: Sequence[float], index: int, units: dict, *, model_last: bool,
+             every_end: bool = False, stray: float = 0.0) -> tuple[list[float], list[float]]:
+    """Layer `index`'s moments among `params` (the model's layers, or a stage's) as extras of the layer, each
+    beside what the layer itself holds then: its backward's start, end and post-backward with `stray` bytes
+    beside them, and its forward's copy-out and end (fsdp_unit_layer_bytes)."""
     start, end, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
-    if index == len(profile.layers) - 1:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
+    start, end, after = start + stray, end + stray, after + (stray if after else 0.0)
+    if model_last:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
         end, after = (a - b for a, b in zip((end, after), chunkedloss.head_grads_reduced_in_loss(profile, setup)))
-    copy_out, forward_end = fsdpunits.forward_bytes(params, fp8, index, setup, **units)
+    copy_out, forward_end = fsdpunits.forward_bytes(params, fp8, index, setup, every_end=every_end, **units)
     scratch = layer_extra_bytes(layer, option)
-    kept = kept_bytes()
     done = scratch + kept - layer.input_bytes  # freed by the end of its backward, its input's gradient made
-    return int(round(max(start, end - done, after - done, copy_out - kept - scratch, forward_end - scratch)))
+    return [start, end - done, after - done], [copy_out - kept - scratch, forward_end - scratch]
+
+
+def _moment_extra(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,
+                  params: Sequence[float], fp8: Sequence[float], index: int, units: dict, *, model_last: bool,
+                  every_end: bool = False, stray: float = 0.0) -> int:
+    """The largest of _moments."""
+    backward, forward = _moments(layer, option, profile, setup, kept, params, fp8, index, units,
+                                 model_last=model_last, every_end=every_end, stray=stray)
+    return int(round(max(*backward, *forward)))
 
 
 def fsdp_unit_loss_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
