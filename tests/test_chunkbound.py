@@ -157,6 +157,8 @@ def test_never_above_evaluate_on_random_plans(ranks, chunks, microbatches, dp, z
                                          [c for _, _, c in compute],
                                          [costmodel.stage_value("time", s, ctx) for s in range(order.num_stages)])
     assert bound > alone
+    # the cheaper form the search asks first (the LP without the step, plus the ranks' mean least step)
+    assert alone < chunkbound.iteration_bound_ms(profile, setup, kinds(profile), enough=0.0) <= bound * (1 + 1e-12)
     if runtime == "ckplan":
         assert bound > setup_bounds(profile, setup).time_ms
     for _ in range(30):

@@ -72,12 +72,18 @@ def holds(setup: TrainSetup) -> bool:
     return setup.pipeline.schedule in SCHEDULES and setup.pipeline.chunks > 1
 
 
-def iteration_bound_ms(profile: Profile, setup: TrainSetup, layers: list[tuple[costmodel.LayerCost, int]]) -> float:
+def iteration_bound_ms(profile: Profile, setup: TrainSetup, layers: list[tuple[costmodel.LayerCost, int]],
+                       enough: float = float("inf")) -> float:
     """The module's bound on every plan's iteration (ms): the least makespan of the order over the relaxed
-    splits plus the slowest rank's least step. 0 where it does not apply or the LP fails."""
+    splits plus the slowest rank's least step. 0 where it does not apply or the LP fails. First the LP without
+    the step, plus the ranks' mean least step (min (T + z) >= min T + min z, and the slowest rank's is at least
+    the mean): that LP reads neither the step nor ZeRO's stage, so a search's configurations that differ only
+    there share it (the cache); where it reaches `enough` (the bar the caller prunes at) it is the answer, else
+    the LP with the step in it."""
     if not holds(setup):
         return 0.0
-    order = chunked.schedule_of(setup)
+    pipeline = setup.pipeline
+    order = _order(pipeline.schedule, pipeline.stages, pipeline.microbatches, pipeline.chunks)
     view = chunked.stages_view(setup, order)
     ctx = costmodel.Context(profile, view)
     forward, backward, counts, reduce, step = [], [], [], [], []
@@ -89,10 +95,17 @@ def iteration_bound_ms(profile: Profile, setup: TrainSetup, layers: list[tuple[c
         counts.append(count)
         reduce.append(pipereduce.stage_reductions_ms([layer], setup))  # as evaluate: the setup, not the view
         step.append(min(costmodel.layer_value("step", layer, o, ctx) for o in options))
-    terms = dataclasses.replace(_stage_terms(profile, order, view, layers), reduce=tuple(reduce), step=tuple(step))
-    found = _least_makespan_cached(setup.pipeline.schedule, setup.pipeline.stages, setup.pipeline.chunks,
-                                   setup.pipeline.microbatches, tuple(forward), tuple(backward), tuple(counts), terms)
-    return 0.0 if found is None else found
+    terms = dataclasses.replace(_stage_terms(profile, order, view, layers), reduce=tuple(reduce))
+    shape = (pipeline.schedule, pipeline.stages, pipeline.chunks, pipeline.microbatches, tuple(forward),
+             tuple(backward), tuple(counts))
+    found = _least_makespan_cached(*shape, terms)
+    if found is None:
+        return 0.0
+    mean = found + sum(c * t for c, t in zip(counts, step)) / pipeline.stages
+    if mean >= enough or not any(step):
+        return mean
+    joint = _least_makespan_cached(*shape, dataclasses.replace(terms, step=tuple(step)))
+    return mean if joint is None else max(mean, joint)
 
 
 def _stage_terms(profile: Profile, order: schedules.Schedule, view: TrainSetup,
@@ -133,8 +146,14 @@ def _least_makespan_cached(schedule: str, ranks: int, chunks: int, microbatches:
                            counts: tuple, terms: StageTerms) -> float | None:
     """least_makespan_ms once per order and numbers: a search's configurations that differ in what the LP does not
     read share it."""
-    order = schedules.pipeline_schedule(schedule, num_ranks=ranks, num_microbatches=microbatches, num_chunks=chunks)
-    return least_makespan_ms(order, list(forward), list(backward), list(counts), terms=terms)
+    return least_makespan_ms(_order(schedule, ranks, microbatches, chunks), list(forward), list(backward),
+                             list(counts), terms=terms)
+
+
+@functools.lru_cache(maxsize=256)
+def _order(schedule: str, ranks: int, microbatches: int, chunks: int) -> schedules.Schedule:
+    """The order once per shape (torch builds it in tens of ms): a search's configurations share it."""
+    return schedules.pipeline_schedule(schedule, num_ranks=ranks, num_microbatches=microbatches, num_chunks=chunks)
 
 
 def least_makespan_ms(order, forward: list[float], backward: list[float], counts: list[int],

@@ -420,7 +420,7 @@ def _solve_pass(found: list[Candidate], outcome: Outcome, early: set[int], *, to
             outcome.complete = False
             outcome.unsolved = [c for c in found[index:] if id(c) not in early]
             return False
-        if not math.isinf(bar) and _bubble_bound_ms(candidate) >= bar:  # an interleaved one's bubble: not solved
+        if not math.isinf(bar) and _bubble_bound_ms(candidate, bar) >= bar:  # an interleaved one's bubble: not solved
             outcome.pruned_time += 1
             outcome.pruned_bubble += 1
             continue
@@ -430,12 +430,14 @@ def _solve_pass(found: list[Candidate], outcome: Outcome, early: set[int], *, to
     return True
 
 
-def _bubble_bound_ms(candidate: Candidate) -> float:
+def _bubble_bound_ms(candidate: Candidate, bar: float) -> float:
     """The interleaved schedule's bound with its bubble (chunkbound.py: an LP over the order's actions, tens of
-    ms where a chunked MILP takes seconds), asked only of a configuration about to be solved; 0 for the others."""
+    ms where a chunked MILP takes seconds), asked only of a configuration about to be solved; 0 for the others.
+    `bar`: where its cheaper form (shared by the configurations that differ in their step) reaches it, that."""
     if not chunkbound.holds(candidate.setup):
         return 0.0
-    return chunkbound.iteration_bound_ms(candidate.profile, candidate.setup, bounds_mod.kinds(candidate.profile))
+    return chunkbound.iteration_bound_ms(candidate.profile, candidate.setup, bounds_mod.kinds(candidate.profile),
+                                         enough=bar)
 
 
 def _rank(outcome: Outcome, solved: Solved | None, top: int) -> None:
