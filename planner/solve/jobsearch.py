@@ -12,8 +12,8 @@ once the next time bound reaches it: no configuration left could enter the ranki
 ranking is therefore the same as solving every configuration (tests/test_search.py holds it
 to that brute force). The one-chunk configurations (1F1B, GPipe: the DP) pass first, then the
 chunked ones (the MILP) under the bar they left, an interleaved one pruned before its MILP where its bound
-with the bubble (chunkbound.py, asked only then) reaches the bar; with chunked="beside-solved" (`ckplan
-search`'s default space) only the chunked twins of the one-chunk configurations solved are.
+with the bubble (chunkbound.py, asked only then) reaches the bar; with chunked="beside-solved" only the chunked
+twins of the one-chunk configurations solved are (`ckplan search` asks "all": docs/published-runs.md §41.chunklp).
 
 Under a time limit the profiles may take most of it (T11 on 64 GPUs under load: 308 profiles in
 291.5 s of 300). Once half the limit is gone with nothing ranked, the enumeration stops for one solve
@@ -351,11 +351,11 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
     Past `deadline` the search stops where it is, building profiles or solving (outcome.complete False:
     the ranking is the best of what was solved; outcome.unexplored the configurations never reached); at
     half of it, with nothing ranked, the best-bound candidate kept so far is solved (outcome.solved_early).
-    `chunked`: "all" solves every chunked configuration the bounds do not prune; "beside-solved" only those whose
-    one-chunk twin (the same degrees under 1F1B) the one-chunk pass solved (its bound under the bar then), the rest
-    counted in
-    outcome.chunked_set_aside (`ckplan search`'s default: even with chunkbound.py's bound every chunk count
-    took 1.9x-2.8x its wall on two 8B jobs, docs/published-runs.md §37.searchspace, §39.chunkbound)."""
+    `chunked`: "all" solves every chunked configuration the bounds do not prune (`ckplan search`'s: with
+    chunkbound.py's bound charging the sends and reductions, the interleaved ones cost 1.8 s of LPs on an 8B job,
+    docs/published-runs.md §41.chunklp); "beside-solved" only those whose one-chunk twin (the same degrees under
+    1F1B) the one-chunk pass solved (its bound under the bar then), the rest counted in outcome.chunked_set_aside
+    (the default before §41.chunklp: with §39.chunkbound's looser LP every chunk count took 1.9x-2.8x its wall)."""
     started = time.perf_counter()
     deadline = deadline or Deadline(None)
     outcome = Outcome()
