@@ -36,8 +36,8 @@ def test_json_gives_the_whole_ranking(tmp_path):
     data = json.loads(result.stdout)
     counts = data["counts"]
     assert len(data["ranked"]) == 4 and counts["complete"]
-    # interleaved configurations whose 1F1B twin is outside the ranking are set aside unsolved (§37.searchspace);
-    # those pruned by their bubble (chunkbound.py) count among pruned_time
+    # every interleaved configuration is solved or pruned (§41.chunklp: none set aside by its 1F1B twin); those
+    # pruned by their bubble (chunkbound.py) count among pruned_time
     assert counts["considered"] == (counts["duplicates"] + counts["refused"] + counts["pruned_memory"]
                                     + counts["pruned_time"] + counts["solved"] + counts["chunked_set_aside"])
     times = [row["iteration_ms"] for row in data["ranked"]]
@@ -109,6 +109,21 @@ def test_chunked_schedules_are_searched_when_asked(tmp_path):
     assert schedules == {"1F1B", "interleaved-1F1B"}
     chunked = [row for row in data["ranked"] if row["degrees"]["schedule"] == "interleaved-1F1B"]
     assert all(row["degrees"]["chunks"] == 2 and row["degrees"]["pp"] >= 2 for row in chunked)
+
+
+def test_the_default_space_solves_every_chunk_count_the_bounds_leave(tmp_path):
+    """Without --schedules the search is the one --schedules 1F1B,interleaved-1F1B asks (the runtime runs both):
+    the same ranking and counts, no interleaved configuration set aside beside its 1F1B twin (§41.chunklp)."""
+    args = ("search", "--arch-config", _tiny_config(tmp_path), *JOB, "--micro-batch-sizes", "1", "--top", "50",
+            "--json")
+    default = json.loads(run_ok(*args, "--out", tmp_path / "a.yaml").stdout)
+    named = json.loads(run_ok(*args, "--schedules", "1F1B,interleaved-1F1B", "--out", tmp_path / "b.yaml").stdout)
+    assert default["counts"]["chunked_set_aside"] == 0 and default["counts"]["complete"]
+    assert any(row["degrees"]["schedule"] == "interleaved-1F1B" for row in default["ranked"])
+    assert [(row["degrees"], row["iteration_ms"]) for row in default["ranked"]] == \
+        [(row["degrees"], row["iteration_ms"]) for row in named["ranked"]]
+    assert {k: v for k, v in default["counts"].items() if k != "wall_s"} == \
+        {k: v for k, v in named["counts"].items() if k != "wall_s"}
 
 
 def test_search_scores_a_framework_config_beside(tmp_path):

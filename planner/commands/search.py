@@ -182,11 +182,9 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     hand = _hand(locals(), model, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=device.name)
     imported = _imported(from_megatron, from_torchtitan, model, seq_len=seq_len, gpu=device.name,
                          searched=training | {"tp_overlap": tp_overlap})
-    # the default space's interleaved configurations beside the 1F1B ones solved only; named schedules, all of them
-    # the bounds leave (an interleaved one's with its bubble, chunkbound.py). Every chunk count by default took
-    # 1.9x-2.8x the default's wall on §39.chunkbound's 8B jobs: the LP's bound is still ~30% under the MILP there
-    outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=deadline,
-                                   chunked="all" if schedule_list is not None else "beside-solved")
+    # every chunk count the bounds leave, the default space's and named schedules' alike: an interleaved one's
+    # bound with its bubble, sends and reductions (chunkbound.py) prunes before its MILP (§41.chunklp)
+    outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=deadline, chunked="all")
     compared = search_report.compared(model.arch_name if compare else None, hand, gpus=gpus, global_batch=global_batch,
                                       options=options, profile_for=profile_for, seq_len=seq_len, gpu=device.name,
                                       imported=imported)

@@ -12,8 +12,8 @@ once the next time bound reaches it: no configuration left could enter the ranki
 ranking is therefore the same as solving every configuration (tests/test_search.py holds it
 to that brute force). The one-chunk configurations (1F1B, GPipe: the DP) pass first, then the
 chunked ones (the MILP) under the bar they left, an interleaved one pruned before its MILP where its bound
-with the bubble (chunkbound.py, asked only then) reaches the bar; with chunked="beside-solved" (`ckplan
-search`'s default space) only the chunked twins of the one-chunk configurations solved are.
+with the bubble (chunkbound.py, asked only then) reaches the bar; with chunked="beside-solved" only the chunked
+twins of the one-chunk configurations solved are (`ckplan search` asks "all": docs/published-runs.md §41.chunklp).
 
 Under a time limit the profiles may take most of it (T11 on 64 GPUs under load: 308 profiles in
 291.5 s of 300). Once half the limit is gone with nothing ranked, the enumeration stops for one solve
@@ -351,11 +351,11 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
     Past `deadline` the search stops where it is, building profiles or solving (outcome.complete False:
     the ranking is the best of what was solved; outcome.unexplored the configurations never reached); at
     half of it, with nothing ranked, the best-bound candidate kept so far is solved (outcome.solved_early).
-    `chunked`: "all" solves every chunked configuration the bounds do not prune; "beside-solved" only those whose
-    one-chunk twin (the same degrees under 1F1B) the one-chunk pass solved (its bound under the bar then), the rest
-    counted in
-    outcome.chunked_set_aside (`ckplan search`'s default: even with chunkbound.py's bound every chunk count
-    took 1.9x-2.8x its wall on two 8B jobs, docs/published-runs.md §37.searchspace, §39.chunkbound)."""
+    `chunked`: "all" solves every chunked configuration the bounds do not prune (`ckplan search`'s: with
+    chunkbound.py's bound charging the sends and reductions, the interleaved ones cost 1.8 s of LPs on an 8B job,
+    docs/published-runs.md §41.chunklp); "beside-solved" only those whose one-chunk twin (the same degrees under
+    1F1B) the one-chunk pass solved (its bound under the bar then), the rest counted in outcome.chunked_set_aside
+    (the default before §41.chunklp: with §39.chunkbound's looser LP every chunk count took 1.9x-2.8x its wall)."""
     started = time.perf_counter()
     deadline = deadline or Deadline(None)
     outcome = Outcome()
@@ -420,7 +420,7 @@ def _solve_pass(found: list[Candidate], outcome: Outcome, early: set[int], *, to
             outcome.complete = False
             outcome.unsolved = [c for c in found[index:] if id(c) not in early]
             return False
-        if not math.isinf(bar) and _bubble_bound_ms(candidate) >= bar:  # an interleaved one's bubble: not solved
+        if not math.isinf(bar) and _bubble_bound_ms(candidate, bar) >= bar:  # an interleaved one's bubble: not solved
             outcome.pruned_time += 1
             outcome.pruned_bubble += 1
             continue
@@ -430,12 +430,14 @@ def _solve_pass(found: list[Candidate], outcome: Outcome, early: set[int], *, to
     return True
 
 
-def _bubble_bound_ms(candidate: Candidate) -> float:
+def _bubble_bound_ms(candidate: Candidate, bar: float) -> float:
     """The interleaved schedule's bound with its bubble (chunkbound.py: an LP over the order's actions, tens of
-    ms where a chunked MILP takes seconds), asked only of a configuration about to be solved; 0 for the others."""
+    ms where a chunked MILP takes seconds), asked only of a configuration about to be solved; 0 for the others.
+    `bar`: where its cheaper form (shared by the configurations that differ in their step) reaches it, that."""
     if not chunkbound.holds(candidate.setup):
         return 0.0
-    return chunkbound.iteration_bound_ms(candidate.profile, candidate.setup, bounds_mod.kinds(candidate.profile))
+    return chunkbound.iteration_bound_ms(candidate.profile, candidate.setup, bounds_mod.kinds(candidate.profile),
+                                         enough=bar)
 
 
 def _rank(outcome: Outcome, solved: Solved | None, top: int) -> None:
