@@ -14,3 +14,60 @@ def test_search_names_the_flag_a_missing_config_was_given_by(tmp_path):
         result = run("search", flag, missing, "--gpus", "8", "--global-batch", "64", "--seq-len", "4096")
         assert result.exit_code != 0
         assert f"{flag} {missing} does not exist" in result.output
+
+
+TINY_GPT_SCRIPT = """#!/bin/bash
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+{exports}
+torchrun --nproc_per_node 1 pretrain_gpt.py \\
+    --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \\
+    --seq-length 512 --max-position-embeddings 512 --micro-batch-size 1 --global-batch-size 8 \\
+    --vocab-size 1024 --bf16
+"""
+
+
+def _script(tmp_path, exports: str = ""):
+    path = tmp_path / "train.sh"
+    path.write_text(TINY_GPT_SCRIPT.format(exports=exports))
+    return path
+
+
+def test_a_launch_scripts_exports_are_read_as_a_yamls_env_vars(tmp_path):
+    """A launch script's `export NAME=value` lines were dropped unsaid, where the same variables in a YAML's
+    ENV_VARS are listed and PYTORCH_CUDA_ALLOC_CONF's expandable_segments runs the allocator replay's expandable
+    segments (a user's script sets it to lower its reserve). Now each export is said and the allocator's read."""
+    from planner.models.configs import megatron
+
+    plain = megatron.read(_script(tmp_path))
+    assert plain.modelled.expandable_segments is None
+    [said] = [s for s in plain.settings if s.name == "export CUDA_DEVICE_MAX_CONNECTIONS"]
+    assert (said.value, said.status) == ("1", "not modelled")
+    job = megatron.read(_script(tmp_path, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"
+                                          "NCCL_ALGO=Ring\nexport NCCL_ALGO\nexport NCCL_PROTO=simple"))
+    assert job.modelled.expandable_segments is True and job.modelled.nccl_ring_simple
+    assert {s.name: s.status for s in job.settings if s.name.startswith("export ")} == {
+        "export CUDA_DEVICE_MAX_CONNECTIONS": "not modelled", "export PYTORCH_CUDA_ALLOC_CONF": "modelled",
+        "export NCCL_ALGO": "modelled", "export NCCL_PROTO": "modelled"}
+    # no functional-test launcher under a script: its defaults (Ring/Simple, NVLS off) are not assumed
+    assert not plain.modelled.nccl_ring_simple and not plain.modelled.nccl_nvls_off
+
+
+def test_a_scripts_expandable_segments_move_the_reserve_as_a_yamls_do(tmp_path):
+    """The export's figure: evaluate's reserved peak under the script's expandable segments is the one the same
+    job's YAML with them in its ENV_VARS gets (the allocator replay's), and differs from the default's."""
+    import json
+
+    def reserved(path):
+        out = run("evaluate", "--from-megatron", path, "--gpus", "1", "--json")
+        assert out.exit_code == 0, out.output
+        return [rank["reserved_bytes"] for rank in json.loads(out.output)["ranks"]]
+
+    exported = reserved(_script(tmp_path, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"))
+    assert exported != reserved(_script(tmp_path))
+    yaml = tmp_path / "model_config.yaml"
+    yaml.write_text("ENV_VARS:\n  PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True\nMODEL_ARGS:\n" + "".join(
+        f"  {flag}: {value}\n" for flag, value in (
+            ("--num-layers", 2), ("--hidden-size", 256), ("--num-attention-heads", 4), ("--ffn-hidden-size", 1024),
+            ("--seq-length", 512), ("--max-position-embeddings", 512), ("--micro-batch-size", 1),
+            ("--global-batch-size", 8), ("--vocab-size", 1024), ("--bf16", "true"))))
+    assert exported == reserved(yaml)
