@@ -71,3 +71,24 @@ def test_a_scripts_expandable_segments_move_the_reserve_as_a_yamls_do(tmp_path):
             ("--seq-length", 512), ("--max-position-embeddings", 512), ("--micro-batch-size", 1),
             ("--global-batch-size", 8), ("--vocab-size", 1024), ("--bf16", "true"))))
     assert exported == reserved(yaml)
+
+
+def _tiny_yaml(tmp_path, **flags):
+    args = {"--num-layers": 2, "--hidden-size": 256, "--num-attention-heads": 4, "--ffn-hidden-size": 1024,
+            "--seq-length": 512, "--max-position-embeddings": 512, "--micro-batch-size": 1, "--global-batch-size": 8,
+            "--vocab-size": 1000, "--bf16": "true", **{f"--{k.replace('_', '-')}": v for k, v in flags.items()}}
+    path = tmp_path / "model_config.yaml"
+    path.write_text("MODEL_ARGS:\n" + "".join(f"  {flag}: {value}\n" for flag, value in args.items()))
+    return path
+
+
+def test_a_zero_padding_multiple_is_one_sentence_not_a_division_by_zero(tmp_path):
+    """`--tensor-model-parallel-size: 0` in a YAML of flags raised ZeroDivisionError with a traceback: the vocabulary
+    was padded to a multiple of --make-vocab-size-divisible-by x TP before the degrees were checked."""
+    for flag, value in (("tensor_model_parallel_size", 0), ("make_vocab_size_divisible_by", 0)):
+        result = run("evaluate", "--from-megatron", _tiny_yaml(tmp_path, **{flag: value}), "--gpus", "8")
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+        assert f"--{flag.replace('_', '-')} 0: give 1 or more" in result.output
+    # the padding itself, by hand: 1000 to a multiple of 128 x TP 2 = 256 is 1024
+    out = run("evaluate", "--from-megatron", _tiny_yaml(tmp_path, tensor_model_parallel_size=2), "--gpus", "2").output
+    assert "vocabulary 1000 padded to 1024" in " ".join(out.split())

@@ -149,9 +149,10 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
     if vocab is None:
         raise UserError(f"{where} does not give --vocab-size (Megatron-LM takes it from the tokenizer, which ckplan "
                         "does not read); add --vocab-size N to its arguments (ckplan itself takes no --vocab-size)")
-    divisor = flags.take("--make-vocab-size-divisible-by", "vocabulary padding", int, 128)
-    tp = flags.given.get("--tensor-model-parallel-size", ["1"])
-    multiple = divisor * (int(tp[0]) if tp and tp[0].isdigit() else 1)
+    divisor = positive("--make-vocab-size-divisible-by", flags.take("--make-vocab-size-divisible-by",
+                                                                     "vocabulary padding", int, 128))
+    tp = flags.given.get("--tensor-model-parallel-size", ["1"])  # taken (and checked) with the other degrees
+    multiple = divisor * (max(int(tp[0]), 1) if tp and tp[0].isdigit() else 1)
     padded = math.ceil(vocab / multiple) * multiple  # megatron/training/tokenizer: _vocab_size_with_padding
     if padded != vocab:
         flags.notes.append(f"vocabulary {vocab} padded to {padded}, a multiple of --make-vocab-size-divisible-by "
