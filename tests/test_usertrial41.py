@@ -92,3 +92,18 @@ def test_a_zero_padding_multiple_is_one_sentence_not_a_division_by_zero(tmp_path
     # the padding itself, by hand: 1000 to a multiple of 128 x TP 2 = 256 is 1024
     out = run("evaluate", "--from-megatron", _tiny_yaml(tmp_path, tensor_model_parallel_size=2), "--gpus", "2").output
     assert "vocabulary 1000 padded to 1024" in " ".join(out.split())
+
+
+def test_a_converters_string_is_refused_not_read_as_no_float8(tmp_path):
+    """`converters = "float8"` (a string where torchtitan takes a list) scored the job without Float8 and listed
+    model.converters and its float8 keys as "no effect": the user's Float8 silently dropped."""
+    from planner.models.configs import torchtitan
+
+    toml = ('[model]\nname = "llama3"\nflavor = "8B"\nconverters = {}\n[training]\nseq_len = 1024\n'
+            'local_batch_size = 1\n[quantize.linear.float8]\nfilter_fqns = ["output"]\n')
+    (tmp_path / "list.toml").write_text(toml.format('["float8"]'))
+    assert torchtitan.read(tmp_path / "list.toml").modelled.float8
+    (tmp_path / "string.toml").write_text(toml.format('"float8"'))
+    result = run("evaluate", "--from-torchtitan", tmp_path / "string.toml", "--gpus", "8")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert "model.converters = 'float8' is not a list" in " ".join(result.output.split())
