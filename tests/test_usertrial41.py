@@ -3,7 +3,7 @@ each test fails on the commit before its fix."""
 
 from __future__ import annotations
 
-from fixtures.cli import run
+from fixtures.cli import run, run_ok
 
 
 def test_search_names_the_flag_a_missing_config_was_given_by(tmp_path):
@@ -107,3 +107,15 @@ def test_a_converters_string_is_refused_not_read_as_no_float8(tmp_path):
     result = run("evaluate", "--from-torchtitan", tmp_path / "string.toml", "--gpus", "8")
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
     assert "model.converters = 'float8' is not a list" in " ".join(result.output.split())
+
+
+def test_a_negative_recompute_count_is_refused(tmp_path):
+    """`--recompute-num-layers: -1` under --recompute-method uniform was scored as every layer recomputed; Megatron-core
+    asks for a count "between 1 and num_layers_per_pipeline_rank" (transformer_config.py 1919-1925 at d98e8a64), and
+    its uniform loop steps by the count, which at -1 never ends."""
+    for method in ("uniform", "block"):
+        path = _tiny_yaml(tmp_path, recompute_granularity="full", recompute_method=method, recompute_num_layers=-1)
+        result = run("evaluate", "--from-megatron", path, "--gpus", "1")
+        assert result.exit_code == 1 and "--recompute-num-layers -1: give 1 or more" in result.output
+    run_ok("evaluate", "--from-megatron", _tiny_yaml(tmp_path, recompute_granularity="full", recompute_method="block",
+                                                     recompute_num_layers=1), "--gpus", "1")

@@ -340,7 +340,8 @@ def _recompute(flags: Flags, job: Job) -> None:
     granularity = flags.take("--recompute-granularity", "recompute: full layers or selected modules", str)
     method_given, num_given = flags.has("--recompute-method"), flags.has("--recompute-num-layers")
     method = flags.take("--recompute-method", "which layers recompute in full", str)
-    num = flags.take("--recompute-num-layers", "layers recomputed (block) or per group (uniform)", int, 1)
+    num = positive("--recompute-num-layers",  # "between 1 and num_layers_per_pipeline_rank" (transformer_config.py)
+                   flags.take("--recompute-num-layers", "layers recomputed (block) or per group (uniform)", int, 1))
     modules = flags.take_list("--recompute-modules", "modules recomputed in every decoder layer")
     if flags.take("--recompute-activations", "selective recompute of core attention", bool, False):
         granularity = granularity or "selective"
