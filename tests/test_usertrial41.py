@@ -119,3 +119,13 @@ def test_a_negative_recompute_count_is_refused(tmp_path):
         assert result.exit_code == 1 and "--recompute-num-layers -1: give 1 or more" in result.output
     run_ok("evaluate", "--from-megatron", _tiny_yaml(tmp_path, recompute_granularity="full", recompute_method="block",
                                                      recompute_num_layers=1), "--gpus", "1")
+
+
+def test_evaluates_heading_names_the_expert_parallelism_it_scored(tmp_path):
+    """A config's expert parallelism was modelled (the experts' all-to-all over EP charged) but the heading said
+    "TP 1, PP 2 x 2 virtual, DP 8 (ZeRO 3)" only, as if the file's expert_parallel_degree had been dropped."""
+    path = _tiny_yaml(tmp_path, swiglu="true", num_experts=4, moe_router_topk=2, expert_model_parallel_size=2)
+    heading = " ".join(run_ok("evaluate", "--from-megatron", path, "--gpus", "2").output.split())
+    assert "DP 2 (ZeRO 0), EP 2, 4 microbatches" in heading
+    plain = " ".join(run_ok("evaluate", "--from-megatron", _tiny_yaml(tmp_path), "--gpus", "2").output.split())
+    assert "EP" not in plain[:plain.index("microbatches")]
