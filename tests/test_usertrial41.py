@@ -129,3 +129,22 @@ def test_evaluates_heading_names_the_expert_parallelism_it_scored(tmp_path):
     assert "DP 2 (ZeRO 0), EP 2, 4 microbatches" in heading
     plain = " ".join(run_ok("evaluate", "--from-megatron", _tiny_yaml(tmp_path), "--gpus", "2").output.split())
     assert "EP" not in plain[:plain.index("microbatches")]
+
+
+def test_a_log_of_one_framework_is_not_set_against_the_others_config(tmp_path):
+    """`calibrate --from-log titan.log --from-megatron train.sh` set a torchtitan log's reserved peak and tokens/s
+    against a Megatron-LM job's prediction (+244.8% reserved, +89.7% step on the trial's pair), rc 0, unsaid."""
+    log = tmp_path / "titan.log"
+    log.write_text("[rank0]:[titan] step:  1  loss: 11.0  grad_norm:  2.0  memory: 72.51GiB(91.53%)  tps: 410  "
+                   "tflops: 380.12  mfu: 38.4%\n")
+    result = run("calibrate", "--from-log", log, "--from-megatron", _script(tmp_path), "--gpus", "1")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    said = " ".join(result.output.split())
+    assert f"{log} is a torchtitan log, and --from-megatron" in said and "--from-torchtitan" in said
+    megatron_log = tmp_path / "megatron.log"
+    megatron_log.write_text(" iteration        2/      10 | elapsed time per iteration (ms): 30.5 |\n")
+    toml = tmp_path / "job.toml"
+    toml.write_text('[model]\nname = "llama3"\nflavor = "debugmodel"\n')
+    result = run("calibrate", "--from-log", megatron_log, "--from-torchtitan", toml, "--gpus", "1")
+    assert result.exit_code == 1 and "is a Megatron-LM log, and --from-torchtitan" in " ".join(result.output.split())
+    run_ok("calibrate", "--from-log", megatron_log, "--from-megatron", _script(tmp_path), "--gpus", "1")
