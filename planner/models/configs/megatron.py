@@ -73,7 +73,7 @@ def read(path: Path) -> Job:
     job = from_pairs(pairs, where, files)
     for key, value in launch.items():
         setattr(job.modelled, key, value)
-    if "runtime_version" in launch:  # a Megatron-Bridge run's record (megatron_flags.launch_settings)
+    if "runtime_version" in launch:  # a Megatron-Bridge run's record (megatron_env.launch_settings)
         job.notes = [megatron_env.BRIDGE_VERSION_NOTE if n.startswith("runtime version:") else n for n in job.notes]
     for name, value, status, what in extras:
         job.said(name, value, status, what)
