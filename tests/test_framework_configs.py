@@ -161,7 +161,8 @@ def test_every_flag_of_the_file_is_accounted_for_once():
     job = megatron.read(config("megatron_llama3_8b_h100_fp8.sh"))
     script = read_script(config("megatron_llama3_8b_h100_fp8.sh").read_text(), "x")
     flags = [w for w in script.args if w.startswith("--")]
-    assert sorted(s.name for s in job.settings) == sorted(flags)
+    assert script.exports == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # the one export, at its ${...:-1} default
+    assert sorted(s.name for s in job.settings) == sorted([*flags, "export CUDA_DEVICE_MAX_CONNECTIONS"])
 
 
 def test_an_unknown_flag_is_listed_never_ignored(tmp_path):

@@ -23,6 +23,7 @@ def run(*, log_path: Path, plan_path: Path | None, from_megatron: Path | None, f
         raise UserError(f"{log_path} has no line in Megatron-LM's format (`[Rank N] (after K iterations) memory (MB) "
                         "| ...`, `iteration I/ T | ... elapsed time per iteration (ms): ...`) or torchtitan's "
                         "(`step: N  loss: ...  memory: X GiB(Y%)  tps: ...`); give the training's log")
+    _check_format(log.framework, log_path, from_megatron, from_torchtitan)
     prediction, source, left_out = _prediction(plan_path, from_megatron, from_torchtitan, gpus=gpus, gpu=gpu,
                                                gpus_per_node=gpus_per_node, nvlink_domain=nvlink_domain)
     found = fromlog.residuals(log, prediction)
@@ -36,6 +37,17 @@ def run(*, log_path: Path, plan_path: Path | None, from_megatron: Path | None, f
             "not_identified": fitted.unidentified, "left_out": left_out}, indent=2))
         return
     _print(log_path, log, found, fitted, source, left_out)
+
+
+def _check_format(framework: str, log_path: Path, from_megatron: Path | None, from_torchtitan: Path | None) -> None:
+    """A log in one framework's format set against the other's config compares two jobs: refused."""
+    names = {"megatron": ("Megatron-LM", "--from-megatron"), "torchtitan": ("torchtitan", "--from-torchtitan")}
+    config = {"megatron": from_megatron, "torchtitan": from_torchtitan}
+    other = "torchtitan" if framework == "megatron" else "megatron"
+    if config[other] is not None:
+        raise UserError(f"{log_path} is a {names[framework][0]} log, and {names[other][1]} {config[other]} a "
+                        f"{names[other][0]} job: give that job's log, or the config this log's job ran with "
+                        f"{names[framework][1]}")
 
 
 def _read(path: Path) -> str:

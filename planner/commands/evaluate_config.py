@@ -410,7 +410,8 @@ def _print(prediction, device) -> None:
             for s, c in zip(prediction.stages, prediction.cost.stages)]
     title = (f"{job.source} ({job.runtime or job.framework}): {job.arch.name} on {prediction.gpus} x {device.name}, TP {job.tp}"
              f"{' SP' if job.sp else ''}, PP {job.pp}{f' x {job.chunks} virtual' if job.chunks > 1 else ''}, "
-             f"{f'CP {job.cp}, ' if job.cp > 1 else ''}DP {prediction.dp} (ZeRO {setup.data_parallel.zero}), {setup.pipeline.microbatches} microbatches x "
+             f"{f'CP {job.cp}, ' if job.cp > 1 else ''}DP {prediction.dp} (ZeRO {setup.data_parallel.zero}), "
+             f"{f'EP {setup.data_parallel.ep}, ' if setup.data_parallel.ep > 1 else ''}{setup.pipeline.microbatches} microbatches x "
              f"{setup.pipeline.micro_batch_size} x {job.seq_len} tokens, {setup.pipeline.schedule}, {job.precision}")
     # "after step": what the rank holds once the optimizer has stepped (static and what the runtime keeps
     # past it), the figure Megatron-LM logs as mem-allocated-bytes

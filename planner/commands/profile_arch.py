@@ -250,9 +250,9 @@ def _with_host_step(profile):
     return profile.model_copy(update={"host_step_ns_per_param": published, "assumptions": assumptions})
 
 
-def _arch(arch: str | None, arch_config: Path | None):
+def _arch(arch: str | None, arch_config: Path | None, flag: str = "--arch-config"):
     """The architecture, and what the profile is pinned to: the built-in's canonical
-    dimensions, or the config file's content."""
+    dimensions, or the config file's content; `flag` is the option the user gave the file by."""
     from planner import io
     from planner.models import archconfig, archs
     from planner.schema import FileRef
@@ -260,7 +260,7 @@ def _arch(arch: str | None, arch_config: Path | None):
     if arch is not None:
         spec = archs.arch(arch)
         return spec, FileRef(file=f"arch:{spec.name}", sha256=spec.sha256())
-    config = io.load_json(arch_config, "--arch-config", "pass a model's config.json")
+    config = io.load_json(arch_config, flag, "pass a model's config.json")
     name = arch_config.parent.name if arch_config.name == "config.json" and arch_config.parent.name else arch_config.stem
     spec = archconfig.from_hf_config(config, where=str(arch_config), name=name)
     if spec.left_out:  # a multimodal config (Gemma 3's): what is planned is said, never silently narrowed

@@ -134,7 +134,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     deadline = Deadline(time_limit)  # the whole search's: its first profile (the settings' sample) included
     say = (lambda note: err_console.print(note, soft_wrap=True)) if as_json else info
     model = _model(arch, arch_config or hf_config, profile_path, both=arch_config is not None and hf_config is not None,
-                   settings=settings)
+                   settings=settings, flag="--arch-config" if hf_config is None else "--hf-config")
     if compare:
         _check_compare(model)
     device = _gpu(gpu, model)
@@ -316,7 +316,7 @@ def _given_ep(profile) -> tuple[int, ...] | None:
     return (int(profile.assumptions.get("ep", 1)),)
 
 
-def _model(arch, config, profile_path, *, both: bool, settings=None) -> _Model:
+def _model(arch, config, profile_path, *, both: bool, settings=None, flag: str = "--arch-config") -> _Model:
     from planner.commands.profile_arch import _arch
 
     given = [x for x in (arch, config, profile_path) if x is not None]
@@ -327,7 +327,7 @@ def _model(arch, config, profile_path, *, both: bool, settings=None) -> _Model:
         from planner.commands.training_settings import compiled_profile
 
         return _Model(profile=compiled_profile(io.load_profile(profile_path), settings), ref=None)
-    spec, ref = _arch(arch, config)
+    spec, ref = _arch(arch, config, flag)
     return _Model(arch=spec, ref=ref)
 
 

@@ -27,6 +27,7 @@ class Script:
     trainer: str
     notes: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # here-documents the script writes, by path as written
+    exports: dict[str, str] = field(default_factory=dict)  # `export NAME=value` before the trainer line: its environment
 
 
 def read_script(text: str, where: str) -> Script:
@@ -89,6 +90,7 @@ class _Shell:
         self.files: dict[str, str] = {}
         self.other_script: tuple[int, str] | None = None  # the first line running a Python file not a trainer
         self.defaults: dict[str, str] = {}  # ${NAME:-default} read at its default: NAME not set in the file
+        self.exports: dict[str, str] = {}  # variables the script exports, at their values
 
     # ------------------------------------------------------------ statements
 
@@ -203,8 +205,15 @@ class _Shell:
                 self.vars[name] = old + [text]
             else:
                 self.vars[name] = old + text
+            if re.match(r"export\s", stripped) or name in self.exports:  # an exported variable set again stays exported
+                self._export(name)
             return i + 1
         words = self._words(stripped, number)
+        if words and words[0][0] == "export":  # `export NAME ...`: names set before (an unset one exports nothing)
+            for word, _ in words[1:]:
+                if _NAME.fullmatch(word) and word in self.vars:
+                    self._export(word)
+            return i + 1
         trainer = next((k for k, (w, _) in enumerate(words) if _is_trainer(w)), None)
         script = next((w for w, _ in words if w.endswith(".py")), None)
         if trainer is None and script is not None and self.other_script is None:
@@ -216,8 +225,13 @@ class _Shell:
             else:
                 self.launch = Script(args=_split_flags([w for w, _ in words[trainer + 1:]]),
                                      launcher_args=[w for w, _ in words[:trainer]], trainer=words[trainer][0],
-                                     notes=self.notes, files=self.files)
+                                     notes=self.notes, files=self.files, exports=dict(self.exports))
         return i + 1
+
+    def _export(self, name: str) -> None:
+        value = self.vars[name]
+        if isinstance(value, str):  # an array is never in the environment
+            self.exports[name] = value
 
     # ------------------------------------------------------------ conditions
 

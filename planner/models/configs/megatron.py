@@ -14,7 +14,7 @@ from pathlib import Path
 
 from planner.errors import UserError
 from planner.models.archs import Arch
-from planner.models.configs import Job, Recompute, megatron_gptoss, pending
+from planner.models.configs import Job, Recompute, megatron_env, megatron_gptoss, pending
 from planner.models.configs.megatron_args import Flags, positive
 from planner.models.configs.megatron_ddp import read_data_parallel
 from planner.models.configs.megatron_deepspeed import megatron_lm_flags, read_deepspeed
@@ -27,7 +27,6 @@ from planner.models.configs.megatron_files import (
     yaml_pairs,
 )
 from planner.models.configs.megatron_flags import (
-    BRIDGE_VERSION_NOTE,
     DEFAULT_RECOMPUTE_MODULES,
     EAGER_BACKENDS,
     GPT2_VOCAB,
@@ -42,9 +41,7 @@ from planner.models.configs.megatron_flags import (
     PENDING_FLAGS,
     TOKENIZER_SOURCE,
     TOKENIZER_VOCAB,
-    launch_settings,
     read_normalization,
-    yaml_extras,
 )
 from planner.models.configs.megatron_float8 import read_float8
 from planner.models.configs.megatron_memflags import read_memory_settings
@@ -67,17 +64,17 @@ def read(path: Path) -> Job:
 
         pairs, world, notes = yaml_pairs(text, where), None, []
         data = yaml.safe_load(text)  # valid: yaml_pairs parsed it
-        extras, launch = yaml_extras(data), launch_settings(data)  # ENV_VARS (and the launcher's exports)
+        extras, launch = megatron_env.yaml_extras(data), megatron_env.launch_settings(data)  # ENV_VARS
     else:
         script = read_script(text, where)
         check_trainer(script.trainer, where)
         pairs, world, notes = script_pairs(script.args, where), torchrun_world(script.launcher_args), script.notes
-        files = script.files
+        files, (extras, launch) = script.files, megatron_env.script_env(script.exports)  # its `export NAME=value` lines
     job = from_pairs(pairs, where, files)
     for key, value in launch.items():
         setattr(job.modelled, key, value)
-    if "runtime_version" in launch:  # a Megatron-Bridge run's record (megatron_flags.launch_settings)
-        job.notes = [BRIDGE_VERSION_NOTE if n.startswith("runtime version:") else n for n in job.notes]
+    if "runtime_version" in launch:  # a Megatron-Bridge run's record (megatron_env.launch_settings)
+        job.notes = [megatron_env.BRIDGE_VERSION_NOTE if n.startswith("runtime version:") else n for n in job.notes]
     for name, value, status, what in extras:
         job.said(name, value, status, what)
     job.world_size = world
@@ -152,9 +149,10 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
     if vocab is None:
         raise UserError(f"{where} does not give --vocab-size (Megatron-LM takes it from the tokenizer, which ckplan "
                         "does not read); add --vocab-size N to its arguments (ckplan itself takes no --vocab-size)")
-    divisor = flags.take("--make-vocab-size-divisible-by", "vocabulary padding", int, 128)
-    tp = flags.given.get("--tensor-model-parallel-size", ["1"])
-    multiple = divisor * (int(tp[0]) if tp and tp[0].isdigit() else 1)
+    divisor = positive("--make-vocab-size-divisible-by", flags.take("--make-vocab-size-divisible-by",
+                                                                     "vocabulary padding", int, 128))
+    tp = flags.given.get("--tensor-model-parallel-size", ["1"])  # taken (and checked) with the other degrees
+    multiple = divisor * (max(int(tp[0]), 1) if tp and tp[0].isdigit() else 1)
     padded = math.ceil(vocab / multiple) * multiple  # megatron/training/tokenizer: _vocab_size_with_padding
     if padded != vocab:
         flags.notes.append(f"vocabulary {vocab} padded to {padded}, a multiple of --make-vocab-size-divisible-by "
@@ -342,7 +340,8 @@ def _recompute(flags: Flags, job: Job) -> None:
     granularity = flags.take("--recompute-granularity", "recompute: full layers or selected modules", str)
     method_given, num_given = flags.has("--recompute-method"), flags.has("--recompute-num-layers")
     method = flags.take("--recompute-method", "which layers recompute in full", str)
-    num = flags.take("--recompute-num-layers", "layers recomputed (block) or per group (uniform)", int, 1)
+    num = positive("--recompute-num-layers",  # "between 1 and num_layers_per_pipeline_rank" (transformer_config.py)
+                   flags.take("--recompute-num-layers", "layers recomputed (block) or per group (uniform)", int, 1))
     modules = flags.take_list("--recompute-modules", "modules recomputed in every decoder layer")
     if flags.take("--recompute-activations", "selective recompute of core attention", bool, False):
         granularity = granularity or "selective"

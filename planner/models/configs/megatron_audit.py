@@ -10,7 +10,7 @@ from pathlib import Path
 
 from planner.errors import UserError
 
-# the generic sentences of an unclassified flag, key or variable (megatron._rest, megatron_flags.yaml_extras,
+# the generic sentences of an unclassified flag, key or variable (megatron._rest, megatron_env.env_said,
 # megatron_deepspeed's ds_config keys)
 GENERIC = ("not a flag this reader knows", "an environment variable this reader does not know",
            "a ds_config key this reader does not know")

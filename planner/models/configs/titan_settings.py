@@ -71,7 +71,9 @@ def _float8(keys, job: Job) -> None:
     filter other than the head's, and torchtitan's forced recompute of the float8 weight are not
     modelled (listed)."""
     converters = keys.left.get("model.converters", [])
-    converters = converters if isinstance(converters, list) else []
+    if not isinstance(converters, list):  # a string, which would read as no converter at all
+        raise UserError(f"{keys.where}: model.converters = {converters!r} is not a list; give a list of converter "
+                        f"names, e.g. converters = [{converters!r}]")
     old = bool(keys.left.get("float8.enable_float8_linear"))  # torchtitan 2024's switch
     # the converter's name: "float8" until 5b5d4685 (2025-09-26), "quantize.linear.float8" since
     # (components/quantization/float8.py 238 at 238fa9953e4a)
