@@ -133,3 +133,6 @@ def test_the_record_plays_only_where_the_job_compiles_a_checkpointed_block_under
     assert compiled_block.record(layer, "full", _setup(compile=False)) is None
     assert compiled_block.record(layer, "full", _setup(tp_overlap="none")) is None  # no record read for that program
     assert compiled_block.record(layer.model_copy(update={"kind": "embedding"}), "full", _setup()) is None
+    # torchtitan 2c8b5947's torchao casts the saved bf16 input again (float8_saves_input False): not the program read
+    assert compiled_block.settings_key(_setup(runtime_version="2c8b5947")) == "async-tp,float8-recast"
+    assert compiled_block.record(layer, "full", _setup(runtime_version="2c8b5947")) is None

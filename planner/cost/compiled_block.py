@@ -25,10 +25,14 @@ from planner.schema import OPTION_FULL, AllocRecord, LayerProfile, Profile, Trai
 
 
 def settings_key(setup: TrainSetup) -> str:
-    """The key the profile's compiled records are held by for this job (compiled_blocks.settings_key's form)."""
+    """The key the profile's compiled records are held by for this job (compiled_blocks.settings_key's form): "float8"
+    for torchao's Float8 linears as eab345c runs them, which save their float8 input (the record's
+    float8_saves_input, torchtitan 9dec370's: the records were read at eab345c), "float8-recast" for a torchao that
+    casts the saved bf16 input again in the backward (another program: no record read); "async-tp"."""
     settings = []
-    if setup.training.float8 and runtimes.of(setup.training).float8 == "torchao":
-        settings.append("float8")
+    record = runtimes.of(setup.training)
+    if setup.training.float8 and record.float8 == "torchao":
+        settings.append("float8" if record.float8_saves_input else "float8-recast")
     if setup.comm.tp_overlap == "async-tp":
         settings.append("async-tp")
     return ",".join(sorted(settings))
