@@ -62,12 +62,14 @@ def _in_order(wanted: list[int], seen: list[int]) -> bool:
     return all(any(size == got for got in it) for size in wanted)
 
 
+@pytest.mark.xdist_group("compiled_record_torch")  # one worker compiles the two widths for both tests
 def test_the_records_allocations_are_the_ones_torch_makes_in_order(readings):
     for record, made in readings:
         sizes = [code for code in (*record.forward, *record.backward) if code > 0]
         assert sizes and _in_order(sizes, made), (sizes, made)
 
 
+@pytest.mark.xdist_group("compiled_record_torch")
 def test_the_scaling_law_on_two_widths(readings):
     (half, _), (whole, _) = readings
     powers = degrees(half, Fraction(1, 2), whole, Fraction(1))
