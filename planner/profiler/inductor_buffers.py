@@ -40,6 +40,7 @@ _SHAPE = re.compile(r"^\w+ = \w+\.(size|stride)\(\)$|^\w+ = \w+_(size|stride)\[\
 # torch 2.13 names the op after the strides; torch 2.6.0 writes the size and stride alone
 _ASSERTED = re.compile(r"^assert_size_stride\((\w+), (\(.*?\)), (\(.*?\))(?:, 'torch\.ops.*)?\)$")
 _VIEW_DTYPE = re.compile(r"^aten\.view\.dtype\(.*?, (torch\.\w+)\)")
+_RNG_SAVED = re.compile(r"^\w+ = torch\.ops\.higher_order\.run_and_save_rng_state\(")
 _CAT = re.compile(r"^\w+ = torch\.ops\.aten\.cat\.default\(\[")
 _VIEW_SIZE = re.compile(r"reinterpret_tensor\(\w+, (\(.*?\)), \(")
 _FIRST_NAME = re.compile(r"^(?:reinterpret_tensor\()?(\w+)\b")
@@ -144,8 +145,14 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
             elif match := _FALLBACK.match(part) or _ITEM.match(part):
                 key = next(fresh)
                 dtype = _argument_dtype(part, names, dtypes) or fallback_dtype
+                if _RNG_SAVED.match(part):
+                    dtypes[key] = "rng"
+                elif _ITEM.match(part) and dtypes.get(names.get(match.group(2), -1)) == "rng":
+                    # run_and_save_rng_state returns (the generator's state, the op's outputs): a uint8 ByteTensor
+                    # (torch/_prims/rng_prims.py, torch.get_rng_state / torch.cuda.get_rng_state)
+                    dtype = "torch.uint8" if match.group(3) == "0" else fallback_dtype
                 names[match.group(1)] = key
-                dtypes[key] = dtype
+                dtypes.setdefault(key, dtype)
                 if match.group(1) in (buffer_bytes or {}):
                     storage_bytes[key] = buffer_bytes[match.group(1)]
                 elif _CAT.match(part):  # 2.6.0 writes no assert after a cat: its elements are its views'
