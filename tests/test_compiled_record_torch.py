@@ -25,8 +25,22 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "scripts")
 WIDTHS = (32, 2, 1, 16, 64, 16)  # hidden, heads, kv heads, head dim, FFN, tokens
 
 
-def _read(hidden, heads, kv_heads, head_dim, ffn, tokens):
+def _block():
+    """The script's Block, its import's TORCH_COMPILE_DEBUG settings undone (they would write every later compile's
+    debug files)."""
+    saved = {name: os.environ.get(name) for name in ("TORCH_COMPILE_DEBUG", "TORCH_COMPILE_DEBUG_DIR")}
     from compiled_block_backward import Block
+
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return Block
+
+
+def _read(hidden, heads, kv_heads, head_dim, ffn, tokens):
+    Block = _block()
     from torch._inductor.utils import run_and_get_code
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.profiler import ProfilerActivity, profile
