@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.cost import (
+    compiled_block,
     contextparallel,
     dataparallel,
     eager_norm,
@@ -342,6 +343,8 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
     layers, kept_sum, static_sum = [], 0, 0.0
     for layer, option, unit in zip(costs, options, units):
         known = profiles[layer.name]
+        compiled = compiled_block.record(known, option_name(layer, option), setup)  # its own record where compiled
+        known = known if compiled is None else compiled_block.as_layer_record(known, compiled)
         parts = parameter_parts(known, profile.assumptions)
         params = layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
         fp8 = known.float8.param_count if known.float8 is not None else 0
@@ -360,7 +363,7 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         program, hands = head_scatter.with_cat(program, hands, head_scatter.cat_bytes(layer, option, profile, setup),
                                                layer.input_bytes)
         grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup),
-                               skip=ring_ids)
+                               skip=ring_ids) if compiled is None else compiled_block.grads_at(compiled, program)
         kept_program = eager_norm.kept_program(layer, option, profile, setup, kept)  # the head's, where its norm is eager
         kept_frees = eager_norm.kept_frees(program, hands, kept_program if norm else ())
         program, hands = eager_norm.with_backward(program, hands, norm)

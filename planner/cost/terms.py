@@ -10,6 +10,7 @@ from planner.cost import (
     attention_dropout,
     bridgeterms,
     comm,
+    compiled_block,
     contextparallel,
     dataparallel,
     deepspeed_ckpt,
@@ -86,8 +87,8 @@ from planner.schema import Profile, TrainSetup
 #   offloaded        host bytes per microbatch until its backward   x in-flight microbatches, into host
 #   time, comm       ms per microbatch (compute; sends, actions)   added up (busy = time + comm)
 #   step             ms once per iteration                          added up
-# `where` says whose numbers a row reads: each layer of the stage (with its checkpoint choice),
-# the layer that opens or closes the stage (with the stage's index), or the stage's position alone.
+# `where` says whose numbers a row reads: each layer of the stage (with its checkpoint choice), the layer that opens
+# or closes the stage (with the stage's index), or the stage's position alone.
 
 @dataclass(frozen=True)
 class Quantity:
@@ -100,9 +101,8 @@ class Quantity:
     meaning: str
 
 
-# How each kind of quantity enters a stage's cost, and what the solvers may prune by (every
-# kind grows with each layer a stage takes, none falls: the DP's Pareto fronts and the MILP's
-# windows rest on that):
+# How each kind of quantity enters a stage's cost, and what the solvers may prune by (every kind grows with each
+# layer a stage takes, none falls: the DP's Pareto fronts and the MILP's windows rest on that):
 COMBINE = {
     "held": "bytes held all iteration: added up, into the peak as they are",
     "kept": "bytes per microbatch until its backward: added up, times the in-flight microbatches",
@@ -258,7 +258,7 @@ TERMS: tuple[Term, ...] = (
          "saved-tensor hooks under recompute.offloaded_activations: the bytes it copies out (profiler); "
          "analytic: a block's saved bytes less its input"),
     *(Term(*row) for row in deepspeed_ckpt.ROWS),  # DeepSpeed's cpu_checkpointing (planner/cost/deepspeed_ckpt.py)
-    *(Term(*row) for row in (*eager_norm.ROWS, *head_scatter.ROWS)),  # torchtitan's eager head (eager_norm, head_scatter)
+    *(Term(*row) for row in (*eager_norm.ROWS, *head_scatter.ROWS, *compiled_block.ROWS)),  # eager head, compiled block
     Term("forward, backward, recompute", "time", "layer",
          lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup.time),
          "timed per layer (profiler), times the calibrated compute scale"),

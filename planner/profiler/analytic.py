@@ -99,6 +99,7 @@ from planner.profiler import (
     analytic_records,
     analytic_split,
     analytic_time,
+    compiled_blocks,
     compiled_kept,
     compiled_time,
     float8,
@@ -418,6 +419,7 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = 
               *mtp_layers(arch, shape, gpu, mfu),
               head_layer(arch, shape, gpu, mfu)]
     layers = analytic_comm.with_collectives(layers, arch, shape, gpu, mfu)  # tensor-parallel, per microbatch
+    layers = compiled_blocks.with_records(layers, arch, shape)  # the compiled blocks read (compiled_blocks.py)
     return Profile(
         name=f"{arch.name}-s{shape.seq_len}-mbs{shape.micro_batch_size}-tp{shape.tp}{'-sp' if shape.sp else ''}"
              f"{f'-cp{shape.cp}' if shape.cp > 1 else ''}{f'-ep{shape.ep}' if shape.ep > 1 else ''}"

@@ -40,6 +40,7 @@ _SHAPE = re.compile(r"^\w+ = \w+\.(size|stride)\(\)$|^\w+ = \w+_(size|stride)\[\
 # torch 2.13 names the op after the strides; torch 2.6.0 writes the size and stride alone
 _ASSERTED = re.compile(r"^assert_size_stride\((\w+), (\(.*?\)), (\(.*?\))(?:, 'torch\.ops.*)?\)$")
 _VIEW_DTYPE = re.compile(r"^aten\.view\.dtype\(.*?, (torch\.\w+)\)")
+_RNG_SAVED = re.compile(r"^\w+ = torch\.ops\.higher_order\.run_and_save_rng_state\(")
 _CAT = re.compile(r"^\w+ = torch\.ops\.aten\.cat\.default\(\[")
 _VIEW_SIZE = re.compile(r"reinterpret_tensor\(\w+, (\(.*?\)), \(")
 _FIRST_NAME = re.compile(r"^(?:reinterpret_tensor\()?(\w+)\b")
@@ -56,6 +57,10 @@ class CallBytes:
     storage_bytes: dict[int, int]
     at_peak: tuple[tuple[str, int], ...] = ()  # (a name of each storage live at the peak, its bytes), largest first
     peak_statement: str = ""  # the statement after which the peak is reached
+    # the call's storages made and released, in order: +key where a statement makes one, -key where its last name goes
+    # (a `del`, or a name rebound); the storages of `inputs` are the arguments' (compiled_record reads these)
+    events: tuple[int, ...] = ()
+    inputs: frozenset[int] = frozenset()
 
 
 def _elements(size: str) -> int:
@@ -90,12 +95,14 @@ def call_body(code: str) -> list[str]:
 
 
 def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, int] | None = None, *,
-             fallback_dtype: str = "torch.bfloat16", buffer_bytes: dict[str, int] | None = None) -> CallBytes:
+             fallback_dtype: str = "torch.bfloat16", buffer_bytes: dict[str, int] | None = None,
+             unallocated: frozenset[str] = frozenset()) -> CallBytes:
     """Replay the wrapper's allocations and frees. `input_bytes`: each argument's storage bytes
     (0 for one not counted); `input_storages`: a storage id per argument where two share one;
     `fallback_dtype`: the dtype of a fallback kernel's outputs (their bytes from inductor's assert);
     `buffer_bytes`: a fallback's output's bytes by name where inductor's IR states its layout
-    (`ir_buffer_bytes`; 2.6.0 writes no assert after a tuple's items), used before any assert."""
+    (`ir_buffer_bytes`; 2.6.0 writes no assert after a tuple's items), used before any assert. `unallocated`: buffers
+    counted 0 B (another device's lowering does not make them: compiled_record.cpu_layout_copies)."""
     names: dict[str, int] = {}  # name -> storage id
     storage_bytes: dict[int, int] = {}
     first = 1 + max((input_storages or {}).values(), default=-1)
@@ -115,6 +122,9 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
                             key=lambda item: -item[1]))
 
     returned: tuple[str, ...] = ()
+    events: list[int] = []
+    alive: set[int] = set()
+    input_keys: set[int] = set()
     for statement in call_body(code):
         for part in (p.strip() for p in statement.split("#")[0].split(";")):
             if not part:
@@ -123,19 +133,26 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
                 for name in (n.strip() for n in match.group(1).split(",") if n.strip()):
                     key = (input_storages or {}).get(name, next(fresh))
                     names[name] = key
+                    input_keys.add(key)
                     storage_bytes.setdefault(key, input_bytes.get(name, 0))
             elif match := _ALLOC.match(part):
                 key = next(fresh)
                 names[match.group(1)] = key
-                storage_bytes[key] = _storage_bytes(*match.group(2, 3, 4))
+                storage_bytes[key] = 0 if match.group(1) in unallocated else _storage_bytes(*match.group(2, 3, 4))
                 dtypes[key] = match.group(4)
             elif _SHAPE.match(part):
                 continue
             elif match := _FALLBACK.match(part) or _ITEM.match(part):
                 key = next(fresh)
                 dtype = _argument_dtype(part, names, dtypes) or fallback_dtype
+                if _RNG_SAVED.match(part):
+                    dtypes[key] = "rng"
+                elif _ITEM.match(part) and dtypes.get(names.get(match.group(2), -1)) == "rng":
+                    # run_and_save_rng_state returns (the generator's state, the op's outputs): a uint8 ByteTensor
+                    # (torch/_prims/rng_prims.py, torch.get_rng_state / torch.cuda.get_rng_state)
+                    dtype = "torch.uint8" if match.group(3) == "0" else fallback_dtype
                 names[match.group(1)] = key
-                dtypes[key] = dtype
+                dtypes.setdefault(key, dtype)
                 if match.group(1) in (buffer_bytes or {}):
                     storage_bytes[key] = buffer_bytes[match.group(1)]
                 elif _CAT.match(part):  # 2.6.0 writes no assert after a cat: its elements are its views'
@@ -158,11 +175,15 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
                 names[match.group(1)] = names[match.group(2)]
             elif re.match(r"^\w+ = ", part) and "args" not in part:
                 raise ValueError(f"a wrapper statement this reader does not know: {part!r}")
+            now = set(names.values())
+            events += [key for key in sorted(now - alive)] + [-key for key in sorted(alive - now)]
+            alive = now
             if live() > live_peak:
                 live_peak, at_peak, peak_statement = live(), composition(), part
     storages = tuple(-1 if name == "None" else names[name] for name in returned)
     return CallBytes(peak_bytes=live_peak, returned=returned, returned_storages=storages, storage_bytes=storage_bytes,
-                     at_peak=at_peak, peak_statement=peak_statement)
+                     at_peak=at_peak, peak_statement=peak_statement, events=tuple(events),
+                     inputs=frozenset(input_keys))
 
 
 def _argument_dtype(part: str, names: dict[str, int], dtypes: dict[int, str]) -> str | None:

@@ -96,6 +96,9 @@ class AllocRecord(Strict):
     # named points of that rerun (analytic_lifetimes.LLAMA_FORWARD_POINTS): the index into rerun_forward before which
     # each falls; {} where none were read
     rerun_points: dict[str, int] = {}
+    # the ids of the weights' gradients the backward makes, by the layer's parameters (fsdp2_layers.parameter_parts'
+    # order; 0: not made here); [] where the record does not name them (a compiled block's: compiled_record.py)
+    param_grads: list[int] = []
 CollectiveKind = Literal["all-gather", "reduce-scatter", "all-reduce"]
 
 
@@ -311,6 +314,10 @@ class LayerProfile(Strict):
     # made with --compiled: planner/profiler/compiled_kept.py). --compile charges them for the options
     # named here; empty (other layers, profiles made before or without it): eager figures, said
     compiled_kept_bytes: dict[OptionName, Bytes] = {}
+    # under torch.compile with a whole-block checkpoint, the block's allocation record as inductor's wrappers make it
+    # (planner/profiler/compiled_blocks.py), by the settings it was compiled under ("async-tp,float8"); the cost
+    # model plays it where a job compiles under those settings (planner/cost/compiled_block.py). Empty: eager's
+    compiled_records: dict[str, AllocRecord] = {}
     # under torch.compile, its passes' times (analytic profiles made with --compiled:
     # planner/profiler/compiled_time.py); None: --compile times the layer as eager, and says so
     compiled_time: CompiledTime | None = None

@@ -1,0 +1,67 @@
+"""The compiled block records read so far (planner/profiler/compiled_blocks/*.json, written by
+scripts/compiled_block_record.py from two readings of a block's inductor wrappers: compiled_record.py), attached to an
+analytic profile's decoder blocks where the profile's block is the one read at a whole multiple of its widths.
+
+A reading states the block's widths at its first scale (hidden, heads, kv heads, head dim, FFN, tokens of one
+microbatch), the tensor-parallel degree it ran at, the settings it compiled under (`float8`: torchao's Float8
+linears; `async-tp`: inductor's micro-pipeline TP), the record at that scale and each allocation's power of the
+scale. A profile's block matches where the heads, the kv heads and the TP degree are the reading's and its
+hidden size, head dim, FFN width and tokens are the reading's times one factor s; its record is the reading's
+scaled by s (compiled_record.scaled). LayerProfile.compiled_records holds it by its settings' key."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+from planner.profiler.compiled_record import scaled
+from planner.schema import AllocRecord, LayerProfile
+
+FOLDER = Path(__file__).with_name("compiled_blocks")
+
+
+def settings_key(settings) -> str:
+    """The key of a set of settings: their names sorted, joined by commas ("" for none)."""
+    return ",".join(sorted(settings))
+
+
+def readings(folder: Path = FOLDER) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+
+
+def matching(reading: dict, *, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, tokens: int,
+             tp: int) -> Fraction | None:
+    """The factor s from the reading's widths to these, or None where the block is another."""
+    dims = reading["dims"]
+    if (dims["heads"], dims["kv_heads"], reading["tp"]) != (heads, kv_heads, tp):
+        return None
+    factors = {Fraction(mine, dims[name]) for name, mine in
+               (("hidden", hidden), ("head_dim", head_dim), ("ffn", ffn), ("tokens", tokens))}
+    return factors.pop() if len(factors) == 1 else None
+
+
+def records_for(**block) -> dict[str, AllocRecord]:
+    """Each matching reading's record at these widths, by its settings' key (compiled_blocks' FOLDER)."""
+    found = {}
+    for reading in readings():
+        factor = matching(reading, **block)
+        if factor is None:
+            continue
+        record = AllocRecord.model_validate(reading["record"])
+        found[settings_key(reading["settings"])] = scaled(record, 1 / factor, reading["powers"])
+    return found
+
+
+def with_records(layers: list[LayerProfile], arch, shape) -> list[LayerProfile]:
+    """The analytic profile's layers with each dense LLaMA-style decoder block's compiled records: the readings ran
+    the block under sequence parallelism (TP > 1) and without context parallelism, so only such profiles match."""
+    if arch.style != "llama" or shape.cp != 1 or (shape.tp > 1 and not shape.sp):
+        return layers
+    found = records_for(hidden=arch.hidden_size, heads=arch.num_heads, kv_heads=arch.num_kv_heads,
+                        head_dim=arch.head_dim or arch.hidden_size // arch.num_heads, ffn=arch.intermediate_size,
+                        tokens=shape.tokens, tp=shape.tp)
+    if not found:
+        return layers
+    return [layer.model_copy(update={"compiled_records": found}) if layer.kind == "decoder_block" else layer
+            for layer in layers]
