@@ -83,6 +83,16 @@ def test_a_flash_kernel_beside_eager_attention_is_refused_in_one_sentence(tmp_pa
     assert "Traceback" not in result.output and not out.exists()
 
 
+def test_a_flash_kernel_under_mfu_is_refused_not_recorded_unused(tmp_path):
+    # --mfu times every FLOP at one rate: the flash1 profile came out with flash2's times to the bit, yet recorded
+    # attention_kernel flash1 and said nothing
+    result, out = _profile(tmp_path, "--gpu", "a100-80g", "--mfu", "0.4", "--attention-kernel", "flash1")
+    assert result.exit_code == 1 and "--mfu 0.4 times every FLOP at one rate" in result.output
+    assert "Traceback" not in result.output and not out.exists()
+    result, out = _profile(tmp_path, "--gpu", "a100-80g", "--mfu", "0.4", "--attention-kernel", "flash2")
+    assert result.exit_code == 0, result.output
+
+
 def test_the_remake_command_keeps_the_kernel(tmp_path):
     from planner import io
     from planner.commands.expert_options import remake_command

@@ -158,7 +158,7 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
                         "use --dtype bf16 or fp16")
     spec, model_ref = _arch(arch, arch_config)
     check_ep(spec, ep)
-    device, kernel_unmodelled = _kernel_device(archs.gpu(gpu), attention, attention_kernel)
+    device, kernel_unmodelled = _kernel_device(archs.gpu(gpu), attention, attention_kernel, mfu)
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp, sp=sp, attention=attention,
                   dtype=dtype, capacity_factor=capacity_factor, cp=cp, ep=ep)
     try:
@@ -212,14 +212,18 @@ SOLVE_DEFAULT_PRECISION = "fp32"
 LLM_PRECISION = "bf16-mixed"
 
 
-def _kernel_device(device, attention: str, kernel: str):
+def _kernel_device(device, attention: str, kernel: str, mfu: float | None = None):
     """The --gpu as the job's flash kernel runs attention on it (planner/models/attention_kernels.py), and what
-    was not modelled ('' when all was)."""
+    was not modelled ('' when all was). Under --mfu no kernel's rate is read (every FLOP at the one rate:
+    analytic_time.times_ms), so another kernel than the default is refused there rather than recorded unused."""
     from planner.models.attention_kernels import FLASH2, kernel_gpu
 
     if kernel != FLASH2 and attention != "flash":
         raise UserError(f"--attention-kernel {kernel} names a flash kernel, and --attention {attention} runs none; "
                         "drop one")
+    if kernel != FLASH2 and mfu is not None:
+        raise UserError(f"--attention-kernel {kernel} sets the attention's rate in the roofline, and --mfu {mfu:g} "
+                        "times every FLOP at one rate, reading no kernel's; drop one")
     return kernel_gpu(device, kernel)
 
 
