@@ -83,6 +83,16 @@ def test_a_flash_kernel_beside_eager_attention_is_refused_in_one_sentence(tmp_pa
     assert "Traceback" not in result.output and not out.exists()
 
 
+def test_a_flash_kernel_under_mfu_is_refused_not_recorded_unused(tmp_path):
+    # --mfu times every FLOP at one rate: the flash1 profile came out with flash2's times to the bit, yet recorded
+    # attention_kernel flash1 and said nothing
+    result, out = _profile(tmp_path, "--gpu", "a100-80g", "--mfu", "0.4", "--attention-kernel", "flash1")
+    assert result.exit_code == 1 and "--mfu 0.4 times every FLOP at one rate" in result.output
+    assert "Traceback" not in result.output and not out.exists()
+    result, out = _profile(tmp_path, "--gpu", "a100-80g", "--mfu", "0.4", "--attention-kernel", "flash2")
+    assert result.exit_code == 0, result.output
+
+
 def test_the_remake_command_keeps_the_kernel(tmp_path):
     from planner import io
     from planner.commands.expert_options import remake_command
@@ -92,3 +102,19 @@ def test_the_remake_command_keeps_the_kernel(tmp_path):
     assert "--attention-kernel flash1" in remake_command(io.load_profile(out), 2)
     result, out = _profile(tmp_path, "--gpu", "a100-80g")
     assert "--attention-kernel" not in remake_command(io.load_profile(out), 2)
+
+
+def test_flash1_beside_a_sliding_window_shorter_than_the_sequence_is_refused(tmp_path):
+    # flash-attn 1.x has no local attention (added in 2.3, §431): the profile would count windowed FLOPs at a kernel
+    # that runs none; a window the sequence does not reach changes nothing and passes
+    config = tmp_path / "windowed.json"
+    config.write_text(json.dumps({"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
+                                  "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+                                  "vocab_size": 128, "max_position_embeddings": 64, "sliding_window": 8}))
+    out = tmp_path / "w.json"
+    args = ["profile", "--arch-config", str(config), "--micro-batch-size", "1", "--gpu", "a100-80g", "--out", str(out)]
+    result = CliRunner().invoke(cli, [*args, "--seq-len", "16", "--attention-kernel", "flash1"])
+    assert result.exit_code == 1 and "runs no sliding window" in result.output and "within 8 tokens" in result.output
+    assert "Traceback" not in result.output and not out.exists()
+    assert CliRunner().invoke(cli, [*args, "--seq-len", "16"]).exit_code == 0  # flash2 runs the window
+    assert CliRunner().invoke(cli, [*args, "--seq-len", "8", "--attention-kernel", "flash1"]).exit_code == 0

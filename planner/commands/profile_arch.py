@@ -158,7 +158,8 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
                         "use --dtype bf16 or fp16")
     spec, model_ref = _arch(arch, arch_config)
     check_ep(spec, ep)
-    device, kernel_unmodelled = _kernel_device(archs.gpu(gpu), attention, attention_kernel)
+    device, kernel_unmodelled = _kernel_device(archs.gpu(gpu), attention, attention_kernel, mfu)
+    _check_kernel_window(spec, attention_kernel, seq_len)
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp, sp=sp, attention=attention,
                   dtype=dtype, capacity_factor=capacity_factor, cp=cp, ep=ep)
     try:
@@ -212,15 +213,33 @@ SOLVE_DEFAULT_PRECISION = "fp32"
 LLM_PRECISION = "bf16-mixed"
 
 
-def _kernel_device(device, attention: str, kernel: str):
+def _kernel_device(device, attention: str, kernel: str, mfu: float | None = None):
     """The --gpu as the job's flash kernel runs attention on it (planner/models/attention_kernels.py), and what
-    was not modelled ('' when all was)."""
+    was not modelled ('' when all was). Under --mfu no kernel's rate is read (every FLOP at the one rate:
+    analytic_time.times_ms), so another kernel than the default is refused there rather than recorded unused."""
     from planner.models.attention_kernels import FLASH2, kernel_gpu
 
     if kernel != FLASH2 and attention != "flash":
         raise UserError(f"--attention-kernel {kernel} names a flash kernel, and --attention {attention} runs none; "
                         "drop one")
+    if kernel != FLASH2 and mfu is not None:
+        raise UserError(f"--attention-kernel {kernel} sets the attention's rate in the roofline, and --mfu {mfu:g} "
+                        "times every FLOP at one rate, reading no kernel's; drop one")
     return kernel_gpu(device, kernel)
+
+
+def _check_kernel_window(spec, kernel: str, seq_len: int) -> None:
+    """FlashAttention (1) runs no sliding window: flash-attn 1.0.9's CUDA interface takes none (flash_attn_unpadded_func:
+    causal only) and its Triton port masks by an attention bias over every causal block; flash-attn added local
+    attention in 2.3 (docs/framework-facts.md §431). A window shorter than the sequence, whose FLOPs the profile
+    would count windowed, with --attention-kernel flash1: refused in one sentence."""
+    from planner.models.attention_kernels import FLASH1
+
+    windows = [w for w in (spec.sliding_window, *spec.layer_windows) if w]
+    if kernel == FLASH1 and windows and min(windows) < seq_len:
+        raise UserError(f"--attention-kernel flash1: FlashAttention (1) runs no sliding window (flash-attn added local "
+                        f"attention in 2.3), and {spec.name} attends within {min(windows)} tokens of --seq-len "
+                        f"{seq_len}; drop --attention-kernel, or give a model without the window")
 
 
 def _with_model_facts(profile, spec, dtype: str):

@@ -77,9 +77,10 @@ def iteration_bound_ms(profile: Profile, setup: TrainSetup, layers: list[tuple[c
     """The module's bound on every plan's iteration (ms): the least makespan of the order over the relaxed
     splits plus the slowest rank's least step. 0 where it does not apply or the LP fails. First the LP without
     the step, plus the ranks' mean least step (min (T + z) >= min T + min z, and the slowest rank's is at least
-    the mean): that LP reads neither the step nor ZeRO's stage, so a search's configurations that differ only
-    there share it (the cache); where it reaches `enough` (the bar the caller prunes at) it is the answer, else
-    the LP with the step in it."""
+    the mean): that LP does not read the step, so a search's configurations that differ only there share it (the
+    cache; ZeRO's stage among them unless it moves the reductions after a stage's last backward, StageTerms.reduce:
+    torchtitan's ZeRO 3 kept whole charges them there, its ZeRO 1 and 2 none, so those differ); where it
+    reaches `enough` (the bar the caller prunes at) it is the answer, else the LP with the step in it."""
     if not holds(setup):
         return 0.0
     pipeline = setup.pipeline
