@@ -81,6 +81,11 @@ def _pinned(plan_path, profile_path, cut: int):
 # 10,240 B still held beside it: gloo's completion order, §438); the head alone on the last stage at ZeRO 3 128 B
 # beyond the 12 (§437). Measured in /tmp/zero3split, §41.zero3split.
 HELD_UNDER = {("first", 1): 6_016, ("last", 5, 3): 140}
+# A first stage whose worst rank, under load, peaks one moment later with an earlier collective's buffer still held
+# (the other rank of the stage at the usual bytes; §438): [embed, blocks.0-1] at ZeRO 3 peaks at blocks.0's
+# copy-out in the first backward with a third 50,816 B tensor (blocks.0's size) beside its all-gather output and
+# blocks.1's reduce-scatter input: 620,584 B, in the lead's run, this branch's test run and a loaded rerun.
+LATE_HELD = {(3, 3): 26_560}
 
 
 @pytest.mark.slow
@@ -101,7 +106,7 @@ def test_every_kind_of_split_peaks_at_the_prediction(tied_plans, cut, zero):
     if ("first", cut) in HELD_UNDER:
         assert 0 <= first[0] - first[1] <= HELD_UNDER["first", cut], first
     else:  # two forwards before its first backward: ZeRO 0's own 4,096 B over (§402), within 3%
-        assert abs(first[0] - first[1]) <= 0.03 * first[0], first
+        assert abs(first[0] - first[1]) <= 0.03 * first[0] or first[0] - first[1] == LATE_HELD.get((cut, zero)), first
     if zero == 2:  # §384's unexplained 4,100 B under (the head alone: 252 B over)
         assert abs(last[0] - last[1]) <= 0.02 * last[1], last
     else:
