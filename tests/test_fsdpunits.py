@@ -217,3 +217,33 @@ def test_a_parameter_two_layers_share_is_gathered_once():
     # the embedding's end of backward, ZeRO 3 fp32: its unit (2 Mi, the head adding nothing) gathered, its
     # gradient (2 Mi), block's reduce-scatter input (1 Mi): 4 B each
     assert costmodel.unit_layer_bytes(costs[0], 0, p, ckplan(3)) == (2 + 2 + 1) * 4 * MI
+
+
+def _stage_moment(p, s, names: list[str], stage: int, kept: float) -> list[float]:
+    """Each of the stage's layers' largest moment as its stage runs it (gathered.stage_unit_moments), kept bytes
+    `kept` a layer and no scratch (the largest moment less the solvers' bound, plus the bound)."""
+    layers = [x for x in costmodel.layer_costs(p) if x.name in names]
+    bounds = [gathered.fsdp_unit_layer_bytes(x, 0, p, s, lambda: kept) for x in layers]
+    out = gathered.stage_unit_moments(layers, [0] * len(layers), [{"kept": kept, "extra": 0} for _ in layers],
+                                      stage=stage, profile=p, setup=s, microbatch_kept=0)
+    return [value["extra"] + bound for value, bound in zip(out, bounds)]
+
+
+def test_a_stage_of_one_unit_prefetches_nothing_after_two_forwards():
+    # [tok_embeddings] alone, 1F1B stage 0 of 2, M = 2 (two forwards, then the backwards): its pre-backward
+    # prefetches itself, already unsharded (§435). Its post-backward in the first backward: its gradient (8 Mi x
+    # 2 B = 16) and its reduce-scatter input (bf16, 16), its shard just made; no stray all-gather output (16 more,
+    # 48 with it)
+    p = four_layers()
+    piped = setup(runtime="ckplan", runtime_version=None, stages=2, microbatches=2, mem_caps_bytes=[2**50] * 2)
+    assert _stage_moment(p, piped, ["tok_embeddings"], 0, kept=0) == [32 * MI]
+
+
+def test_a_stages_first_unit_is_copied_out_beside_its_all_gather_output():
+    # [layers.1, output], the last stage (one forward before each backward); layers.1 is its stage's first unit,
+    # which nothing of its stage prefetches: its pre-backward copies its weights out (2 Mi x 2 B = 4) beside their
+    # all-gather output (4) and the head's reduce-scatter input (8 Mi x 2 B = 16), its own kept bytes live and its
+    # scratch not yet made: 24, where its backward's start is 20 (§436)
+    p = four_layers()
+    piped = setup(runtime="ckplan", runtime_version=None, stages=2, microbatches=2, mem_caps_bytes=[2**50] * 2)
+    assert _stage_moment(p, piped, ["layers.1", "output"], 1, kept=MI)[0] == 24 * MI

@@ -101,7 +101,8 @@ def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup
     if piped and any(fsdpunits.stray_prefetch(setup, s) for s in range(setup.pipeline.stages)):
         stray = max(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f in zip(params, fp8))
     return _moment_extra(layer, option, profile, setup, kept_bytes(), params, fp8, index, units,
-                         model_last=index == len(profile.layers) - 1, every_end=piped, stray=stray)
+                         model_last=index == len(profile.layers) - 1, every_end=piped, stray=stray,
+                         copy_back=piped and setup.data_parallel.zero >= 3)
 
 
 def stage_unit_moments(layers: Sequence[LayerCost], options: Sequence[int], per_layer: list[dict], *, stage: int,
@@ -122,7 +123,9 @@ def stage_unit_moments(layers: Sequence[LayerCost], options: Sequence[int], per_
     names = [layer.name for layer in layers]
     params, fp8, units = _units_args(profile, setup, names)
     warm = fsdpunits.warm_up(setup, stage)
-    stray = dataparallel.gathered_bytes(params[-1], setup, fp8_count=fp8[-1])
+    # one unit: its own pre-backward prefetches itself, already unsharded (unshard's no-op, §435)
+    several = len(set(fsdpunits.unit_of_layers(len(params), units["grouping"], units["tied"]))) > 1
+    stray = dataparallel.gathered_bytes(params[-1], setup, fp8_count=fp8[-1]) if several else 0.0
     shards = [p * dataparallel.param_bytes(setup).grads / dataparallel.shard_size(setup) for p in params]
     microbatch = microbatch_kept
     warm_only = setup.pipeline.microbatches == warm  # no forward after a backward
@@ -132,7 +135,8 @@ def stage_unit_moments(layers: Sequence[LayerCost], options: Sequence[int], per_
     for j, (layer, option, values) in enumerate(zip(layers, options, per_layer)):
         kept = values["kept"]
         backward, forward = _moments(layer, option, profile, setup, kept, params, fp8, j, units,
-                                     model_last=last and j == len(layers) - 1, every_end=True)
+                                     model_last=last and j == len(layers) - 1, every_end=True,
+                                     copy_back=j == 0 and not zero2)
         if zero2:  # each unit resharded at its post-backward (TimedStage's set_reshard_after_backward, §399)
             resharded = sum(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f in zip(params[j + 1:], fp8[j + 1:]))
             own = dataparallel.gathered_bytes(params[j], setup, fp8_count=fp8[j])
@@ -141,7 +145,9 @@ def stage_unit_moments(layers: Sequence[LayerCost], options: Sequence[int], per_
         if warm >= 2:
             here = stray if j == 0 else 0.0
             absent = sum(shards[:j + 1])  # the shards of j and the units before it, not reduced yet
-            first = [backward[0] + here - absent, backward[1] + here - absent, backward[2] + here - absent + shards[j]]
+            # the stray prefetch follows the first unit's copy-out (pre_backward: unshard, wait, then prefetch)
+            first = [value + (here if k < 3 else 0.0) - absent + (shards[j] if k == 2 else 0.0)
+                     for k, value in enumerate(backward)]
             later = [value - microbatch for value in backward] if warm_only else backward
             if not warm_only:
                 ahead = forward
@@ -172,10 +178,12 @@ def stage_floor(layers: Sequence[LayerCost], *, stage: int, profile: Profile, se
 
 def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,
              params: Sequence[float], fp8: Sequence[float], index: int, units: dict, *, model_last: bool,
-             every_end: bool = False, stray: float = 0.0) -> tuple[list[float], list[float]]:
+             every_end: bool = False, stray: float = 0.0, copy_back: bool = False) -> tuple[list[float], list[float]]:
     """Layer `index`'s moments among `params` (the model's layers, or a stage's) as extras of the layer, each
     beside what the layer itself holds then: its backward's start, end and post-backward with `stray` bytes
-    beside them, and its forward's copy-out and end (fsdp_unit_layer_bytes)."""
+    beside them, and its forward's copy-out and end (fsdp_unit_layer_bytes). `copy_back` (ZeRO 3, a stage's
+    first layer, which no unit of its stage prefetches for): a fourth backward moment, its own copy-out in its
+    pre-backward, its all-gather output beside its unsharded weights, before its backward scratch (§436)."""
     start, end, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
     start, end, after = start + stray, end + stray, after + (stray if after else 0.0)
     if model_last:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
@@ -183,15 +191,18 @@ def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup,
     copy_out, forward_end = fsdpunits.forward_bytes(params, fp8, index, setup, every_end=every_end, **units)
     scratch = layer_extra_bytes(layer, option)
     done = scratch + kept - layer.input_bytes  # freed by the end of its backward, its input's gradient made
-    return [start, end - done, after - done], [copy_out - kept - scratch, forward_end - scratch]
+    backward = [start, end - done, after - done]
+    if copy_back:
+        backward.append(start - stray + dataparallel.gathered_bytes(params[index], setup, fp8_count=fp8[index]) - scratch)
+    return backward, [copy_out - kept - scratch, forward_end - scratch]
 
 
 def _moment_extra(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,
                   params: Sequence[float], fp8: Sequence[float], index: int, units: dict, *, model_last: bool,
-                  every_end: bool = False, stray: float = 0.0) -> int:
+                  every_end: bool = False, stray: float = 0.0, copy_back: bool = False) -> int:
     """The largest of _moments."""
     backward, forward = _moments(layer, option, profile, setup, kept, params, fp8, index, units,
-                                 model_last=model_last, every_end=every_end, stray=stray)
+                                 model_last=model_last, every_end=every_end, stray=stray, copy_back=copy_back)
     return int(round(max(*backward, *forward)))
 
 
