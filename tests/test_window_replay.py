@@ -96,10 +96,11 @@ def _profile(tmp_path):
 def test_solve_takes_the_window_where_the_replay_now_admits_it(tmp_path):
     # the tiny LLaMA at micro-batch 1 on 650 MiB, the replay judging (no --fragmentation): no plan at none fits
     # the replay; the window at N = 3 does now, at none's time (GB200's host link hides its copies), faster
-    # than any recompute
+    # than any recompute. TE v2.9's window: the Bridge's megatron-core (tests/test_te210_window.py: v2.10's)
     profile_path, plan_path = _profile(tmp_path), tmp_path / "plan.yaml"
     result = run_ok("solve", "--profile", profile_path, "--mem", "650MiB", "--stages", "1", "--microbatches", "8",
-                    "--precision", "bf16-mixed", "--runtime", "megatron", "--json", "--out", plan_path)
+                    "--precision", "bf16-mixed", "--runtime", "megatron", "--runtime-version", "92c8482e", "--json",
+                    "--out", plan_path)
     plan = io.load_plan(plan_path)
     assert plan.stages[0].recompute == {f"layers.{i}": OPTION_OFFLOAD for i in range(3)}
     stage = json.loads(result.stdout)["stages"][0]

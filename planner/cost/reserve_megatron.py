@@ -230,11 +230,12 @@ class _Step:
 
     def __init__(self, layers, options, records, *, loss: AllocRecord | None, first: bool, input_bytes: int,
                  events: list[Event], holders: _Holders, step: int, chunk: int = 0, keeps_logits: bool = False,
-                 window: tuple[list[int], int] | None = None) -> None:
+                 window: tuple[list[int], int] | None = None, handler: str = "v2.9") -> None:
         self.records, self.loss, self.first, self.input_bytes = records, loss, first, input_bytes
         self.keeps_logits = keeps_logits  # the loss keeps the logits to the backward (freed after the last layer's)
         self.events, self.holders, self.step, self.chunk = events, holders, step, chunk
-        self.passes = layer_passes(layers, options, records, loss, self.events, window=window)  # TE's window or not
+        self.passes = layer_passes(layers, options, records, loss, self.events, window=window,  # TE's window or not
+                                   handler=handler)
         self.last = len(records) - 1
 
     def key(self, mb: int) -> tuple[int, int, int]:
@@ -347,20 +348,21 @@ class _Step:
 
 def step_player(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
                 static: MegatronStatic, stage: int, stages: int, num_microbatches: int, loss: AllocRecord | None,
-                input_bytes: int, keeps_logits: bool = False, window: tuple[list[int], int] | None = None
-                ) -> tuple[list[Event], Callable[[int], list[Event]]]:
+                input_bytes: int, keeps_logits: bool = False, window: tuple[list[int], int] | None = None,
+                handler: str = "v2.9") -> tuple[list[Event], Callable[[int], list[Event]]]:
     """The rank's static allocations, and the function making step `index`'s events (step 0 makes the cuBLAS
     workspaces at its first forward and Adam's state after its backwards); the steps share the schedule's
     references (the model's last input is let go at the next step's first forward). `loss`: the last stage's
     (last_stage_loss), else None; `keeps_logits`: it keeps the logits to its backward; `window`: the layers
-    Transformer Engine's offload window runs (te_offload.plan_window), else None."""
+    Transformer Engine's offload window runs (te_offload.plan_window), else None, `handler` the TE handler that
+    runs it (the record's te_window_handler)."""
     holders = _Holders([])
     order = schedule_order(stages, stage, replayed_microbatches(stages, stage, num_microbatches))
 
     def one_step(index: int) -> list[Event]:
         events = holders.events = first_forward_events(static) if index == 0 else []
         _Step(layers, options, records, loss=loss, first=stage == 0, input_bytes=input_bytes, events=events,
-              holders=holders, step=index, keeps_logits=keeps_logits, window=window).run(order)
+              holders=holders, step=index, keeps_logits=keeps_logits, window=window, handler=handler).run(order)
         if index == 0:
             events += adam_state_events(static)
         return events
@@ -403,7 +405,8 @@ def replay_stage(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: 
     events, one_step = step_player(layers, options, records, static=static, stage=stage, stages=pipeline.stages,
                                    num_microbatches=pipeline.microbatches, loss=loss,
                                    input_bytes=layers[0].input_bytes if stage > 0 else 0, keeps_logits=keeps_logits,
-                                   window=te_offload.plan_window([layer.kind for layer in layers], options, setup))
+                                   window=te_offload.plan_window([layer.kind for layer in layers], options, setup),
+                                   handler=te_offload.handler_of(setup))
     return allocator.settled_replay(events, one_step, min_steps=STEPS, max_steps=MAX_STEPS,
                                     expandable=expandable_segments(profile, setup), cap_bytes=cap_bytes)
 

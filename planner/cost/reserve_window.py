@@ -22,7 +22,16 @@ So where ckplan's per-layer option (reserve._Step) holds each offloaded layer's 
 (record_stream: cached only once the copy is done) and allocates its copies back there, the window frees them at
 its end and allocates the copies back window[g] - g layers ahead of the layer's backward. The order within a group
 is the layer's record's (its input first, then its saved allocations as made): TE pushes as autograd saves, which
-the record does not show. Nothing here reads a file or prints.
+the record does not show.
+
+TE v2.10's DefaultOffloadSynchronizer (the record's te_window_handler "v2.10", which Megatron-LM d98e8a64 calls;
+docs/framework-facts.md §425-§428) plays the same requests on its own map (te_offload.window_map: window[g] =
+L - N - 1 + g, freed after that layer's forward, `release_activation_forward_gpu_memory` before the next's, and
+reloaded before its backward, `start_reload` 317-348 into `empty_like` blocks on the compute stream), and holds
+what it reloaded to the layer's end: `pop_tensor` (373-395) hands autograd the tensor but keeps it in
+`bwd_gpu_tensor_group`, dropped only by `release_all_memory` (397-403) at the next layer's `bwd_step` (482-489,
+before that layer's reloads: 586-593) or, after the block's first layer, at the backward's end
+(`finish_part_of_bwd` 499-510). Nothing here reads a file or prints.
 """
 
 from __future__ import annotations
@@ -41,11 +50,15 @@ class WindowPasses(_LayerPasses):
     the block's layers, and N) offloaded as Transformer Engine's window runs them."""
 
     def __init__(self, layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord],
-                 loss: AllocRecord | None, events: list[Event], *, window: tuple[list[int], int]) -> None:
+                 loss: AllocRecord | None, events: list[Event], *, window: tuple[list[int], int],
+                 handler: str = "v2.9") -> None:
         super().__init__(layers, options, records, loss, events)
         block, count = window
         self.block = block[:count]  # group g's layer
-        at = te_offload.window_map(len(block), count)
+        self.whole = set(block)  # the layers whose bwd_step releases the previous one's state (v2.10)
+        self.holds = handler == te_offload.V210  # reloads held to the layer's end
+        self.pending: list[tuple] = []  # v2.10: the reloaded blocks bwd_gpu_tensor_group holds
+        at = te_offload.window_map(len(block), count, handler=handler)
         self.ends = {block[at[g]]: g for g in range(count)}  # the layer whose forward ends group g (and backward reloads it)
         self.group: dict[tuple, list[tuple[tuple, int]]] = {}  # (mb, g) -> its device tensors' keys and bytes
         self.reloaded: dict[tuple, dict[tuple, tuple]] = {}  # (mb, layer) -> each saved key -> its reload's
@@ -68,6 +81,8 @@ class WindowPasses(_LayerPasses):
             self.events += [Free(key) for key, _ in self.group.get((mb, self.ends[i]), [])]
 
     def _reloads(self, mb, i: int) -> dict[tuple, tuple]:
+        if self.holds and i in self.whole:  # v2.10's bwd_step: the previous layer's state released first
+            self._release()
         if i in self.ends:  # the group's reload, into buffers made on the compute stream
             g = self.ends[i]
             back = {}
@@ -75,14 +90,26 @@ class WindowPasses(_LayerPasses):
                 back[key] = ("back", *key)
                 self.events.append(Alloc(back[key], size))
             self.reloaded[(mb, self.block[g])] = back
-        return self.reloaded.pop((mb, i), {})
+        back = self.reloaded.pop((mb, i), {})
+        if self.holds and back:  # autograd's frees of them do nothing; bwd_gpu_tensor_group still holds them
+            self.pending += list(back.values())
+            return {key: ("held", *copy) for key, copy in back.items()}
+        return back
+
+    def _release(self) -> None:
+        self.events += [Free(key) for key in self.pending]
+        self.pending = []
+
+    def backward(self, mb: int) -> None:
+        super().backward(mb)
+        self._release()  # v2.10: finish_part_of_bwd, the backward's end (nothing pending under v2.9)
 
 
 def layer_passes(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord],
-                 loss: AllocRecord | None, events: list[Event], *, window: tuple[list[int], int] | None
-                 ) -> _LayerPasses:
-    """The layers' passes: Transformer Engine's window where `window` names one, else reserve._Step's (ckplan's
-    per-layer offload, held to each layer's backward)."""
+                 loss: AllocRecord | None, events: list[Event], *, window: tuple[list[int], int] | None,
+                 handler: str = "v2.9") -> _LayerPasses:
+    """The layers' passes: Transformer Engine's window where `window` names one (run by `handler`, the record's
+    te_window_handler), else reserve._Step's (ckplan's per-layer offload, held to each layer's backward)."""
     if window is None:
         return _LayerPasses(layers, options, records, loss, events)
-    return WindowPasses(layers, options, records, loss, events, window=window)
+    return WindowPasses(layers, options, records, loss, events, window=window, handler=handler)

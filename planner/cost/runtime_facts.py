@@ -432,6 +432,8 @@ class RuntimeFacts:
     moves, group i held on the device from layer i to layer window[i], each copy beside its window's compute
     (planner/cost/te_offload.py); False: ckplan's per-layer option (the input kept, each layer's copies beside
     its own passes: planner/profiler/analytic_kept.offload_option)."""
+    te_window_handler: str = "v2.9"
+    """The TE handler running the window: "v2.9"'s group map or "v2.10"'s synchronizer (te_offload.window_map)."""
     offload_refuses_pipeline: bool = False
     """The runtime refuses the layers' activation offload beside pipeline parallelism (megatron-core's
     TransformerConfig raises under --cpu-offloading with PP > 1): no plan of more than one pipeline stage offloads

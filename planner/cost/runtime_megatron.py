@@ -16,6 +16,15 @@ TE_V = "TransformerEngine v2.9"
 TE_OFFLOAD_SOURCE = ("TransformerEngine v2.9 (70f53666) transformer_engine/pytorch/cpu_offload.py 343-350 (window "
                      "map), 356-424 (tensor_push), 451-551 (bulk_offload_group, synchronize_on_group_commit_forward), "
                      "560-657 (bulk_reload_group, on_group_commit_backward)")
+# the handler Megatron-LM d98e8a64 calls: its pyproject pins TE 4329ff84 (v2.17.1), whose DefaultOffloadSynchronizer
+# is v2.10's (docs/framework-facts.md §425-§430)
+TE_V210_OFFLOAD_SOURCE = ("Megatron-LM d98e8a64 pyproject.toml 246 (transformer-engine rev 4329ff84, v2.17.1), "
+                          "megatron/core/extensions/transformer_engine.py 3442-3470 (TE >= 2.10: "
+                          "retain_pinned_cpu_buffers passed); TransformerEngine v2.10 (769ed778) "
+                          "transformer_engine/pytorch/cpu_offload.py 548-593 (the maps: release before layer L - N + i's "
+                          "forward, reload before layer L - 1 - N + i's backward), 253-347 (one offload stream both "
+                          "ways, the compute waiting on its events), 397-403, 482-489 (reloads held to the next "
+                          "layer's bwd_step); the same at 4329ff84 (docs/framework-facts.md §425-§428)")
 MEGATRON_FSDP_V = "megatron-core 92c8482e (2025-12-01)"  # Megatron-FSDP as Megatron-Bridge 25.11 pins it (planner/cost/megatron_fsdp.py)
 # the host's time for a Megatron-core TE-spec dense block's forward and backward, in torch Linear forwards, by the
 # profile's attention kind (flash: TE's fused DotProductAttention; eager: its UnfusedDotProductAttention, the
@@ -124,7 +133,7 @@ def megatron() -> RuntimeFacts:
         megatron_step_replayed=True, stage_sends_beside="backward",
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
-        offload_refuses_pipeline=True,
+        te_window_handler="v2.10", offload_refuses_pipeline=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
         te_ce_bytes=2 + (2 + 2) + (2 + 2), te_ub_workspaces=3, te_ub_keeps_plain_workspace=True, side_communicators=True,
@@ -143,8 +152,11 @@ def megatron() -> RuntimeFacts:
                                    f"by permute, all-to-all, sort or unpermute), {MEGATRON_V}; TransformerEngine "
                                    f"pytorch/router.py FusedTopkScoreFunction (routing map and fp32 scores saved)",
             "te_window_offload": f"--cpu-offloading-num-layers N: megatron/core/transformer/transformer_block.py "
-                                 f"306-327, 749-755 (TE's get_cpu_offload_context, a group a layer), megatron-core "
-                                 f"92c8482e; {TE_OFFLOAD_SOURCE} (docs/framework-facts.md §107, §112)",
+                                 f"304-325, 714-742 (TE's get_cpu_offload_context, transformer_engine/pytorch/"
+                                 f"cpu_offload.py, a group a layer; the handler: te_window_handler), {MEGATRON_V}; "
+                                 f"the same at megatron-core 92c8482e (306-327, 749-755; docs/framework-facts.md §107, "
+                                 f"§112, §322)",
+            "te_window_handler": TE_V210_OFFLOAD_SOURCE,
             "offload_refuses_pipeline": f"megatron/core/transformer/transformer_config.py 1891-1894 (cpu_offloading "
                                         f"with pipeline_model_parallel_size > 1 raises), 1884-1889 (N < num_layers), "
                                         f"1896-1899 (no recompute beside it), {MEGATRON_V} (docs/framework-facts.md "
@@ -429,6 +441,8 @@ def megatron_bridge() -> RuntimeFacts:
     """Megatron-LM's record as Megatron-Bridge 25.11 runs it: megatron-core 92c8482e, TransformerEngine v2.9."""
     record = megatron()
     return replace(record, version=f"megatron-core {BRIDGE_MCORE} (Megatron-Bridge 25.11, TE v2.9)",
-                   te_ub_keeps_plain_workspace=False, stage_sends_beside="both",
+                   te_ub_keeps_plain_workspace=False, stage_sends_beside="both", te_window_handler="v2.9",
                    sources={**record.sources, "te_ub_keeps_plain_workspace": TE_V29_UB_WORKSPACE,
+                            "te_window_handler": f"{TE_OFFLOAD_SOURCE}: the Bridge 25.11 pins >=2.9.0a0,<2.10.0 "
+                                                 f"(docs/framework-facts.md §107, §112, §377-§379)",
                             "stage_sends_beside": f"megatron/core/pipeline_parallel/schedules.py 1595-1646 (pp_post_forward: the output's isend waited at the next forward's send, whatever deallocate_pipeline_outputs says), 1666-1710 (pp_post_backward: the input gradient's likewise), megatron-core {BRIDGE_MCORE} (docs/framework-facts.md §215)"})

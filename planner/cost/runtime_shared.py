@@ -45,6 +45,8 @@ AFTER_STEP_NOT_READ = {
     "te_grouped_gemm_workspaces": "the runtime's experts do not run Transformer Engine's grouped GEMM (refused)",
     "te_window_offload": "the runtime's activation offload is ckplan's per-layer option (no Transformer Engine "
                          "offload handler)",
+    "te_window_handler": "not read for this runtime (no Transformer Engine offload handler: te_window_offload "
+                         "False)",
     "offload_refuses_pipeline": "not read as refused for this runtime: ckplan's per-layer offload option is charged "
                                 "beside a pipeline as before",
     "fused_ce_bytes": "not read for this runtime: no fused cross-entropy of its own (refused)",

@@ -20,6 +20,19 @@ the TE Megatron-Bridge 25.11 pins, >=2.9.0a0,<2.10.0), transformer_engine/pytorc
 
 Held while layer k runs (forward or backward): the layers not offloaded up to k, and the offloaded groups j
 with j <= k <= window[j]. Time exposed: each copy past the compute it runs beside (the compute waits for it).
+
+TransformerEngine v2.10 (git 769ed778; the same at 4329ff84, v2.17.1, the TE Megatron-LM d98e8a64 pins) replaced
+the handler by `DefaultOffloadSynchronizer` (cpu_offload.py 522-593; docs/framework-facts.md §425-§428), which the
+record's `te_window_handler` "v2.10" names:
+
+- the maps (548-572): layer i < N released before layer L - N + i's forward and reloaded before layer
+  L - 1 - N + i's backward, so window[i] = L - N - 1 + i, the same layer both ways: held at layers i .. window[i]
+  (at most L - N layers' saved sets at any layer, one fewer than v2.9's L - N + 1 at its last layer);
+- one offload stream for both ways (OffloadSynchronizer 457, start_offload 253-298, start_reload 317-348), the
+  copies in issue order: group i's copy issued before layer i + 1's forward (fwd_step 574-584), the compute
+  waiting on its event before layer window[i] + 1's (release_activation_forward_gpu_memory 300-315); its reload
+  issued before layer window[i]'s backward, after the compute so far (wait_stream 335), the compute waiting on
+  each tensor's event at layer i's backward (pop_tensor 373-395): `exposed_ms` plays that queue.
 Pure functions; nothing here reads a file or prints.
 """
 
@@ -31,12 +44,21 @@ from planner.cost import reserve, runtimes
 from planner.cost.rules import compute_ms
 from planner.schema import OPTION_NONE, OPTION_OFFLOAD
 
+V210 = "v2.10"  # the record's te_window_handler for TE v2.10's DefaultOffloadSynchronizer
 
-def window_map(num_layers: int, num_offload: int) -> list[int]:
+
+def handler_of(setup) -> str:
+    """The TE offload handler the runtime's record says runs the window (te_window_handler)."""
+    return runtimes.of(setup.training).te_window_handler
+
+
+def window_map(num_layers: int, num_offload: int, *, handler: str = "v2.9") -> list[int]:
     """The layer after whose forward group i is dropped (and before whose backward it is reloaded), for
-    i < num_offload: cpu_offload.py 343-350 as written."""
+    i < num_offload: v2.9's cpu_offload.py 343-350 as written; v2.10's L - N - 1 + i (548-572)."""
     if not 0 < num_offload < num_layers:
         raise ValueError(f"{num_offload} groups offloaded of {num_layers}: Transformer Engine's window needs 0 < N < L")
+    if handler == V210:
+        return [num_layers - num_offload - 1 + i for i in range(num_offload)]
     window, constant = [], 0
     for i in range(num_offload):
         at = (num_layers // num_offload) * (i + 1) - 1
@@ -49,9 +71,9 @@ def window_map(num_layers: int, num_offload: int) -> list[int]:
     return window
 
 
-def held_groups(num_layers: int, num_offload: int, layer: int) -> list[int]:
+def held_groups(num_layers: int, num_offload: int, layer: int, *, handler: str = "v2.9") -> list[int]:
     """The offloaded groups on the device while `layer` runs its forward or its backward."""
-    window = window_map(num_layers, num_offload)
+    window = window_map(num_layers, num_offload, handler=handler)
     return [j for j in range(num_offload) if j <= layer <= window[j]]
 
 
@@ -61,21 +83,56 @@ def copy_windows(num_layers: int, num_offload: int) -> list[range]:
     return [range(1 if i == 0 else window[i - 1] + 1, window[i] + 1) for i in range(num_offload)]
 
 
-def extra_bytes(saved: Sequence[int], num_offload: int) -> list[int]:
+def extra_bytes(saved: Sequence[int], num_offload: int, *, handler: str = "v2.9") -> list[int]:
     """Each layer's offloaded groups held beside it (`saved`: every layer's saved bytes, in block order; the
     first num_offload are offloaded): the bytes layer k holds beyond the layers not offloaded."""
-    return [sum(saved[j] for j in held_groups(len(saved), num_offload, k)) for k in range(len(saved))]
+    return [sum(saved[j] for j in held_groups(len(saved), num_offload, k, handler=handler))
+            for k in range(len(saved))]
 
 
 def exposed_ms(saved: Sequence[int], fwd_ms: Sequence[float], bwd_ms: Sequence[float], num_offload: int, *,
-               ms_per_byte: float) -> list[tuple[float, float]]:
+               ms_per_byte: float, handler: str = "v2.9") -> list[tuple[float, float]]:
     """Each offloaded group's (forward, backward) time the compute waits for: its copy (`saved[i]` bytes at
     `ms_per_byte`, the host link, one copy stream each way) past the compute of the layers it runs beside
-    (`fwd_ms`, `bwd_ms`: every layer of the block's)."""
+    (`fwd_ms`, `bwd_ms`: every layer of the block's). v2.10: one_stream_exposed_ms."""
+    if handler == V210:
+        return one_stream_exposed_ms(saved, fwd_ms, bwd_ms, num_offload, ms_per_byte=ms_per_byte)
     spans = copy_windows(len(fwd_ms), num_offload)
     return [(max(0.0, saved[i] * ms_per_byte - sum(fwd_ms[k] for k in span)),
              max(0.0, saved[i] * ms_per_byte - sum(bwd_ms[k] for k in span)))
             for i, span in enumerate(spans)]
+
+
+def one_stream_exposed_ms(saved: Sequence[int], fwd_ms: Sequence[float], bwd_ms: Sequence[float], num_offload: int,
+                          *, ms_per_byte: float) -> list[tuple[float, float]]:
+    """v2.10's waits, group by group (forward, backward), on its one offload stream, the copies queued in issue
+    order: group i's copy issued as layer i + 1's forward begins (start_offload, no sooner: the host issues it
+    there), the compute waiting for it as layer window[i] + 1's begins (release); every copy out done by layer
+    L - 1's forward (window[N - 1] + 1), so the backward's queue starts empty: group i's reload issued as layer
+    window[i]'s backward begins, the compute waiting for it as layer i's begins (pop_tensor)."""
+    num_layers = len(fwd_ms)
+    window = window_map(num_layers, num_offload, handler=V210)
+    out = [[0.0, 0.0] for _ in range(num_offload)]
+    now = stream = 0.0
+    done: dict[int, float] = {}
+    for k in range(num_layers):
+        if 0 < k <= num_offload:  # fwd_step: layer k - 1's copy issued
+            stream = max(stream, now) + saved[k - 1] * ms_per_byte
+            done[k - 1] = stream
+        for j in (j for j in range(num_offload) if window[j] + 1 == k):  # then the release waits for it
+            out[j][0] = max(0.0, done[j] - now)
+            now += out[j][0]
+        now += fwd_ms[k]
+    now = stream = 0.0
+    for k in range(num_layers - 1, -1, -1):
+        for j in (j for j in range(num_offload) if window[j] == k):  # bwd_step: the reload issued
+            stream = max(stream, now) + saved[j] * ms_per_byte
+            done[j] = stream
+        if k < num_offload:  # layer k's pops wait for its reload
+            out[k][1] = max(0.0, done[k] - now)
+            now += out[k][1]
+        now += bwd_ms[k]
+    return [(fwd, bwd) for fwd, bwd in out]
 
 
 def window_layers(kinds: Sequence[str], offloaded: Sequence[bool]) -> tuple[list[int], int] | None:
@@ -94,13 +151,14 @@ def window_layers(kinds: Sequence[str], offloaded: Sequence[bool]) -> tuple[list
 
 def window_per_layer(per_layer: Sequence[dict[str, float]], none: Sequence[dict[str, float] | None],
                      kinds: Sequence[str], fwd_ms: Sequence[float], bwd_ms: Sequence[float], *,
-                     ms_per_byte: float | None) -> list[dict[str, float]] | None:
+                     ms_per_byte: float | None, handler: str = "v2.9") -> list[dict[str, float]] | None:
     """The stage's per-layer quantities (assembly.stage_sums': kept, extra, offloaded, time...) with its
     offloaded layers (none[i] not None: their values under `none`) charged as Transformer Engine's window
     runs them: each offloaded layer keeps nothing past its window (its whole saved set, `none`'s kept, on the
     host: offloaded), every layer of the block holds the offloaded groups held beside it on top of its own
     extra (net_extra_bytes nets the layers after it), and each group's exposed copy time (`ms_per_byte`: the
-    host link; None: not timed) adds to its layer's time. None where the window does not apply."""
+    host link; None: not timed) adds to its layer's time (`handler`: the record's te_window_handler). None where
+    the window does not apply."""
     found = window_layers(kinds, [v is not None for v in none])
     if found is None:
         return None
@@ -112,10 +170,10 @@ def window_per_layer(per_layer: Sequence[dict[str, float]], none: Sequence[dict[
         out[i]["offloaded"] = out[i].get("offloaded", 0.0) + saved[g]
         out[i]["kept"] = 0.0
     for at, i in enumerate(block):
-        out[i]["extra"] += sum(saved[j] for j in held_groups(len(block), count, at))
+        out[i]["extra"] += sum(saved[j] for j in held_groups(len(block), count, at, handler=handler))
     if ms_per_byte is not None:
         exposed = exposed_ms(saved, [fwd_ms[i] for i in block], [bwd_ms[i] for i in block], count,
-                             ms_per_byte=ms_per_byte)
+                             ms_per_byte=ms_per_byte, handler=handler)
         for (fwd, bwd), i in zip(exposed, block[:count]):
             out[i]["time"] += fwd + bwd
     return out
@@ -163,4 +221,4 @@ def stage_window(layers: Sequence, options: Sequence[int], per_layer: list[dict[
     return window_per_layer(per_layer, none, [layer.kind for layer in layers],
                             [compute_ms(layer.fwd_ms, setup.time) for layer in layers],
                             [compute_ms(layer.bwd_ms, setup.time) for layer in layers],
-                            ms_per_byte=reserve.host_copy_ms_per_byte(ctx.profile, setup))
+                            ms_per_byte=reserve.host_copy_ms_per_byte(ctx.profile, setup), handler=handler_of(setup))

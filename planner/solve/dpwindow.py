@@ -62,7 +62,7 @@ def window_segment(chain: Chain, block: list[int], count: int, ms_per_byte: floa
     values = te_offload.window_per_layer(plain, none, [layer.kind for layer in layers],
                                          [compute_ms(layer.fwd_ms, chain.setup.time) for layer in layers],
                                          [compute_ms(layer.bwd_ms, chain.setup.time) for layer in layers],
-                                         ms_per_byte=ms_per_byte)
+                                         ms_per_byte=ms_per_byte, handler=te_offload.handler_of(chain.setup))
     if values is None:
         return None
     run = costmodel.StageRun(chain.setup, chain.profile.device.type)
