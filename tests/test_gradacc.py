@@ -70,9 +70,22 @@ def test_a_gradient_over_the_bucket_is_not_copied_and_one_microbatch_only_copies
 
 def test_nothing_where_the_hooks_do_not_run_or_the_profile_timed_no_add():
     for setup, profile in ((_setup("deepspeed", zero=2, dp=4), _profile()), (_setup("deepspeed", zero=3), _profile()),
-                           (_setup("deepspeed", zero=3, dp=4), _profile("fake")),
+                           (_setup("deepspeed", zero=3, dp=4), _untimed(_profile())),
+                           (_setup("deepspeed", zero=3, dp=4), _profile("measured").model_copy(update={"assumptions": {}})),
                            (_setup("torchtitan", zero=3, dp=4), _profile())):
         assert set(_by_layer(deepspeed_grads.hooks_ms, setup, profile).values()) == {0.0}
+
+
+def test_a_fake_or_measured_profile_timed_the_add_as_the_megatron_hook_reads_it():
+    # fake.py and measure.py make every `.grad` before the backward they time: the add ran there, so ZeRO 3's hooks
+    # take it off as from the analytic profile, and the one predicate answers both terms alike
+    for source in ("fake", "measured"):  # neither carries wgrad_accumulate_ms: its add is inside its backward
+        profile = _profile(source).model_copy(update={"layers": [layer.model_copy(update={"wgrad_accumulate_ms": 0.0})
+                                                                 for layer in _profile().layers]})
+        assert jobsettings.accumulation_timed(profile)
+        assert _by_layer(deepspeed_grads.hooks_ms, _setup("deepspeed", zero=3, dp=4), profile) == \
+            pytest.approx(_by_layer(deepspeed_grads.hooks_ms, _setup("deepspeed", zero=3, dp=4)))
+    assert not jobsettings.accumulation_timed(_untimed(_profile()))
 
 
 def test_the_tied_add_is_charged_once_the_heads_accumulation_is_taken_off():

@@ -73,7 +73,7 @@ def accumulation_timed(profile: Profile) -> bool:
     """Whether the profile's backward charges each parameter's `.grad` add (PROFILE_ACCUMULATE x the gradient's
     bytes): a measured or fake profile (each runs its backward into a `.grad` made before it: measure.py, fake.py),
     an analytic one timed by its roofline (analytic_time.accumulate_ms, embedding_work); not under --mfu, which
-    times FLOPs alone."""
+    times FLOPs alone. The one answer: deepspeed_grads.takes_accumulation_off reads it."""
     return profile.source != "analytic" or profile.assumptions.get("mfu") is None
 
 
