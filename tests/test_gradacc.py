@@ -157,8 +157,22 @@ def test_megatron_fsdp_copies_the_gradient_into_its_bucket():
     unfused = _by_layer(jobsettings.unfused_accumulation_ms, _setup("megatron", zero=3, dp=4, grad_reduce_bf16=True,
                                                                      unfused_grad_accumulation=True))
     assert unfused["block"] == pytest.approx(-20 * MB / 1e9)
-    # the record's 4 B is the DDP add's at its own dtypes on a timed profile
-    assert jobsettings.beyond_profile_bytes(_profile(), _setup("megatron")) == 4
+    # the DDP add's 4 B at its own dtypes on a timed profile
+
+
+def test_the_record_says_whether_the_hook_runs_and_the_setup_says_its_bytes():
+    """The record's field was `unfused_wgrad_bytes: int = 4` and read only as on/off: the bytes beyond the profile
+    are the setup's (4 DDP fp32, 0 under bf16 main_grad, 0 Megatron-FSDP fp32, 6 + 4 on an untimed profile), never
+    the record's one figure; the field says what it is."""
+    from planner.cost import runtimes
+
+    record = runtimes.of(_setup("megatron").training)
+    assert record.main_grad_hook is True and not hasattr(record, "unfused_wgrad_bytes")
+    assert runtimes.of(_setup("torchtitan").training).main_grad_hook is False
+    beyond = {knobs: jobsettings.beyond_profile_bytes(_profile(), _setup("megatron", **dict(knobs))) for knobs in (
+        (), (("grad_reduce_bf16", True),), (("zero", 3), ("dp", 4)))}
+    assert list(beyond.values()) == [4, 0, 0]
+    assert jobsettings.beyond_profile_bytes(_untimed(_profile()), _setup("megatron")) == 10
 
 
 def test_the_table_is_found_by_the_profiles_flag_not_by_its_kinds_name():
