@@ -70,9 +70,22 @@ def test_a_gradient_over_the_bucket_is_not_copied_and_one_microbatch_only_copies
 
 def test_nothing_where_the_hooks_do_not_run_or_the_profile_timed_no_add():
     for setup, profile in ((_setup("deepspeed", zero=2, dp=4), _profile()), (_setup("deepspeed", zero=3), _profile()),
-                           (_setup("deepspeed", zero=3, dp=4), _profile("fake")),
+                           (_setup("deepspeed", zero=3, dp=4), _untimed(_profile())),
+                           (_setup("deepspeed", zero=3, dp=4), _profile("measured").model_copy(update={"assumptions": {}})),
                            (_setup("torchtitan", zero=3, dp=4), _profile())):
         assert set(_by_layer(deepspeed_grads.hooks_ms, setup, profile).values()) == {0.0}
+
+
+def test_a_fake_or_measured_profile_timed_the_add_as_the_megatron_hook_reads_it():
+    # fake.py and measure.py make every `.grad` before the backward they time: the add ran there, so ZeRO 3's hooks
+    # take it off as from the analytic profile, and the one predicate answers both terms alike
+    for source in ("fake", "measured"):  # neither carries wgrad_accumulate_ms: its add is inside its backward
+        profile = _profile(source).model_copy(update={"layers": [layer.model_copy(update={"wgrad_accumulate_ms": 0.0})
+                                                                 for layer in _profile().layers]})
+        assert jobsettings.accumulation_timed(profile)
+        assert _by_layer(deepspeed_grads.hooks_ms, _setup("deepspeed", zero=3, dp=4), profile) == \
+            pytest.approx(_by_layer(deepspeed_grads.hooks_ms, _setup("deepspeed", zero=3, dp=4)))
+    assert not jobsettings.accumulation_timed(_untimed(_profile()))
 
 
 def test_the_tied_add_is_charged_once_the_heads_accumulation_is_taken_off():
@@ -144,8 +157,22 @@ def test_megatron_fsdp_copies_the_gradient_into_its_bucket():
     unfused = _by_layer(jobsettings.unfused_accumulation_ms, _setup("megatron", zero=3, dp=4, grad_reduce_bf16=True,
                                                                      unfused_grad_accumulation=True))
     assert unfused["block"] == pytest.approx(-20 * MB / 1e9)
-    # the record's 4 B is the DDP add's at its own dtypes on a timed profile
-    assert jobsettings.beyond_profile_bytes(_profile(), _setup("megatron")) == 4
+    # the DDP add's 4 B at its own dtypes on a timed profile
+
+
+def test_the_record_says_whether_the_hook_runs_and_the_setup_says_its_bytes():
+    """The record's field was `unfused_wgrad_bytes: int = 4` and read only as on/off: the bytes beyond the profile
+    are the setup's (4 DDP fp32, 0 under bf16 main_grad, 0 Megatron-FSDP fp32, 6 + 4 on an untimed profile), never
+    the record's one figure; the field says what it is."""
+    from planner.cost import runtimes
+
+    record = runtimes.of(_setup("megatron").training)
+    assert record.main_grad_hook is True and not hasattr(record, "unfused_wgrad_bytes")
+    assert runtimes.of(_setup("torchtitan").training).main_grad_hook is False
+    beyond = {knobs: jobsettings.beyond_profile_bytes(_profile(), _setup("megatron", **dict(knobs))) for knobs in (
+        (), (("grad_reduce_bf16", True),), (("zero", 3), ("dp", 4)))}
+    assert list(beyond.values()) == [4, 0, 0]
+    assert jobsettings.beyond_profile_bytes(_untimed(_profile()), _setup("megatron")) == 10
 
 
 def test_the_table_is_found_by_the_profiles_flag_not_by_its_kinds_name():

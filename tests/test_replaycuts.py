@@ -169,3 +169,23 @@ def test_a_search_over_caps_cut_by_the_deadline_says_so_not_that_none_fits(profi
     # where no replay judges the fit (a stated --fragmentation), the sentence is the plain one
     plain = _setup(918).model_copy(update={"pipeline": setup.pipeline.model_copy(update={"fragmentation": 0.1})})
     assert planning.Unplanned("timeout", None, 60.0).message(plain).endswith("; raise --time-limit")
+
+
+def test_a_timeout_under_the_replay_quotes_the_jobs_own_figures(tmp_path, profile, monkeypatch):
+    """The timeout's words named one model's figure (Mistral-Small-24B at --time-limit 240) to every job: they say
+    this job's stages, the baselines scored and the seconds spent."""
+    from fixtures.cli import run
+
+    from planner.solve import baselines
+
+    path = tmp_path / "tiny6.json"
+    io.save_profile(profile, path)
+    monkeypatch.setattr(search, "plan", lambda *args, **kwargs: search.NoFit("timeout", 1.0, "dp"))
+    result = run("solve", "--profile", path, "--stages", "2", "--microbatches", "4", "--mem", "918MiB", "--solver",
+                 "dp", "--out", tmp_path / "plan.yaml")
+    told = " ".join(result.output.split())
+    assert result.exit_code != 0 and "Mistral" not in told
+    total = len(baselines.BASELINES)
+    assert "judged by the allocator's replay of its 2 stages" in told
+    assert f"{total} of the {total} baselines were scored, and the search" in told
+    assert " s " in told.split("; in ")[1] and "the search under caps found no plan in what was left" in told

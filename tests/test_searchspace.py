@@ -4,7 +4,6 @@ optimizer offload and ds_config knobs under --runtime deepspeed."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -121,27 +120,6 @@ def test_the_time_limit_stops_the_chunked_pass(monkeypatch):
     assert not outcome.complete and outcome.unsolved and all(c.degrees.chunks > 1 for c in outcome.unsolved)
     ranked = [(s.degrees, s.iteration_ms) for s in outcome.ranked if s.degrees.chunks == 1]
     assert ranked == [(s.degrees, s.iteration_ms) for s in one_chunk.ranked][:len(ranked)] and ranked
-
-
-def test_the_default_space_solves_interleaved_beside_the_1f1b_solved_only(monkeypatch):
-    """chunked="beside-solved": the interleaved configurations solved are twins of those the one-chunk pass solved
-    (its bound under the bar), every other one passing the memory bound counted set aside; here pp 2's 1F1B is
-    solved and not ranked (top 3: pp 1's), and its interleaved twin wins."""
-    options, build = jobsearch.JobOptions(mem_cap_bytes=80 * GiB, gpus_per_node=1), profile_for(MINI8)
-    solved = _solving(monkeypatch)
-    ranked = jobsearch.search_job(_job(schedules=("1F1B",)), options, build, top=3).ranked
-    first = {c.degrees for c in solved}
-    assert all(s.degrees.pp == 1 for s in ranked) and any(d.pp == 2 for d in first)
-    monkeypatch.undo()
-    kept = [c for c in jobsearch.candidates(_job(), options, jobsearch.Profiles(build), jobsearch.Outcome())
-            if c.degrees.chunks > 1]
-    twin = {id(c): dataclasses.replace(c.degrees, schedule="1F1B", chunks=1) for c in kept}
-    solved = _solving(monkeypatch)
-    outcome = jobsearch.search_job(_job(), options, build, top=3, chunked="beside-solved")
-    chunked = [c for c in solved if c.degrees.chunks > 1]
-    assert chunked and all(dataclasses.replace(c.degrees, schedule="1F1B", chunks=1) in first for c in chunked)
-    assert outcome.chunked_set_aside == sum(twin[id(c)] not in first for c in kept) > 0
-    assert outcome.ranked[0].degrees.schedule == "interleaved-1F1B"
 
 
 def test_deepspeed_offload_in_the_space_with_zero_only():

@@ -49,7 +49,7 @@ def _adds_ms(setup: TrainSetup) -> dict[str, float]:
 
 def test_where_the_profiles_accumulation_stands_for_the_add_nothing_more_is_charged():
     # torch's autograd with .grad kept (ckplan ZeRO 0, torchtitan unsharded), DeepSpeed ZeRO 3 on this measured
-    # profile (deepspeed_grads takes off an analytic profile's timed add only: tests/test_gradacc.py), Megatron
+    # profile (it names no elementwise rate, so deepspeed_grads takes no add off: tests/test_gradacc.py), Megatron
     # without its fusion: the head's timed accumulation is the add's bytes
     for setup in (_setup("ckplan"), _setup("torchtitan"), _setup("deepspeed", zero=3, dp=2),
                   _setup("megatron", unfused_grad_accumulation=True)):

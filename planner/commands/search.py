@@ -184,7 +184,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
                          searched=training | {"tp_overlap": tp_overlap})
     # every chunk count the bounds leave, the default space's and named schedules' alike: an interleaved one's
     # bound with its bubble, sends and reductions (chunkbound.py) prunes before its MILP (§41.chunklp)
-    outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=deadline, chunked="all")
+    outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=deadline)
     compared = search_report.compared(model.arch_name if compare else None, hand, gpus=gpus, global_batch=global_batch,
                                       options=options, profile_for=profile_for, seq_len=seq_len, gpu=device.name,
                                       imported=imported)

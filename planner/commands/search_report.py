@@ -163,7 +163,7 @@ class Report:
                 f"refused): {o.pruned_memory} pruned by the memory bound, {o.pruned_time} by the time bound{_bubble(o)}, "
                 f"{o.solved} solved ({o.solved_without_plan} without a plan that fits or beats the bound"
                 f"{_early(o)}); "
-                f"{o.profiles} profiles; {o.wall_s:.1f} s; {done}{_set_aside(o)}")
+                f"{o.profiles} profiles; {o.wall_s:.1f} s; {done}")
 
     # ------------------------------------------------------------ JSON
 
@@ -190,7 +190,7 @@ class Report:
                        "pruned_bubble": o.pruned_bubble, "solved": o.solved,
                        "solved_without_plan": o.solved_without_plan, "profiles": o.profiles,
                        "unexplored": o.unexplored, "not_solved": len(o.unsolved), "solved_early": o.solved_early,
-                       "chunked_set_aside": o.chunked_set_aside, "complete": o.complete,
+                       "complete": o.complete,
                        "wall_s": o.wall_s},
             "ranked": ranked, "compared": [one(row) for row in self.others]}, indent=2)
 
@@ -206,14 +206,6 @@ def _early(o) -> str:
 def _bubble(o) -> str:
     """How many of those the time bound pruned were interleaved ones pruned by their bubble (chunkbound.py)."""
     return f" ({o.pruned_bubble} of them interleaved, by the bound with its bubble)" if o.pruned_bubble else ""
-
-
-def _set_aside(o) -> str:
-    """The chunked configurations the default space set aside (their 1F1B twins pruned by the time bound)."""
-    if not o.chunked_set_aside:
-        return ""
-    return (f"; {o.chunked_set_aside} interleaved configurations not solved, their degrees' 1F1B pruned by the "
-            "time bound (--schedules 1F1B,interleaved-1F1B solves every one the bounds leave)")
 
 
 def _left(o) -> str:

@@ -143,7 +143,8 @@ class StageCost:
             after_step_bytes=self.after_step_bytes,
             activation_bytes=self.activation_bytes,
             buffer_bytes=self.buffer_bytes,
-            transient_bytes=max(0, self.transient_bytes),  # below 0 where static lacks its shards (stage_floor)
+            transient_bytes=max(0, self.transient_bytes),  # below 0 where static lacks its shards (stage_floor):
+            freed_bytes=max(0, -self.transient_bytes),  # said as what it is, so the parts still add up
             time_ms=self.time_ms,
             step_ms=self.step_ms,
             comm_ms=self.comm_ms,

@@ -21,13 +21,14 @@ Under the optimizer's offload, at the step's last microbatch, each partition's f
 step). The pre-divide before the reduce-scatter is deepspeed_step.prepass_ms; the reduce-scatter itself dataparallel's; the
 offloaded copy to the host deepspeed_waits'. Charged at the profile's elementwise rate (hpgrads.elementwise_tbps),
 net of the profile's accumulation: the term is negative, and a layer's busy time stays its backward's less its own
-accumulation, above 0. Only where the profile timed that accumulation (an analytic profile without --mfu: its
-blocks carry wgrad_accumulate_ms); a fake or measured profile's backward is left as it is.
+accumulation, above 0. Only where the profile timed that accumulation (jobsettings.accumulation_timed: a measured or
+fake profile runs its backward into a `.grad` made before it, an analytic one times it by its roofline, not under
+--mfu) and names an elementwise rate to take it off at.
 """
 
 from __future__ import annotations
 
-from planner.cost import dataparallel, deepspeed_terms, runtimes
+from planner.cost import dataparallel, deepspeed_terms, jobsettings, runtimes
 from planner.cost.fsdp2work import PROFILE_ACCUMULATE
 from planner.cost.hpgrads import elementwise_tbps
 from planner.cost.layers import LayerCost
@@ -39,16 +40,12 @@ PARTITION_ADD = 3  # grad_buffer.add_(grad_partition): read both, write one
 FP64_BYTES = 8  # part.data.double(): the partition cast to fp64
 
 
-def timed_accumulation(profile: Profile) -> bool:
-    """Whether the profile's backward charges each parameter's `.grad` accumulation (an analytic profile not timed
-    by an explicit MFU: its blocks carry wgrad_accumulate_ms)."""
-    return profile.source == "analytic" and any(timed.wgrad_accumulate_ms > 0 for timed in profile.layers)
-
-
 def takes_accumulation_off(profile: Profile, setup: TrainSetup) -> bool:
     """Whether hooks_ms takes the profile's `.grad` accumulation off: ZeRO 3's coordinator runs (its hooks set
-    `.grad` to None) and the profile timed that accumulation."""
-    return deepspeed_terms.runs_zero3(setup) and timed_accumulation(profile)
+    `.grad` to None), the profile timed that accumulation (jobsettings.accumulation_timed) and names the elementwise
+    rate it is taken off at."""
+    return (deepspeed_terms.runs_zero3(setup) and jobsettings.accumulation_timed(profile)
+            and elementwise_tbps(profile) is not None)
 
 
 def bucket_copied_count(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:

@@ -6,7 +6,7 @@ settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-L
   microbatch, each weight's bf16 gradient added into main_grad by DDP's hook (copied into its bucket
   by Megatron-FSDP's), a kernel of its own: hook_bytes a weight less the `.grad` add the profile
   charged where it timed one (beyond_profile_bytes: 4 B at the record's bf16 gradient and fp32
-  main_grad, the record's `unfused_wgrad_bytes`), at the profile's elementwise rate (§412). Embedding tables
+  main_grad where the record's `main_grad_hook` says the runtime has one), at the profile's elementwise rate (§412). Embedding tables
   (the profile's lookup_param_count) are not linears: their gradients take that path with or
   without the setting, charged so (embedding_hook_add_ms).
 - the logging reads (--log-params-norm, --log-num-zeros-in-grad): once a step, each over the rank's
@@ -73,7 +73,7 @@ def accumulation_timed(profile: Profile) -> bool:
     """Whether the profile's backward charges each parameter's `.grad` add (PROFILE_ACCUMULATE x the gradient's
     bytes): a measured or fake profile (each runs its backward into a `.grad` made before it: measure.py, fake.py),
     an analytic one timed by its roofline (analytic_time.accumulate_ms, embedding_work); not under --mfu, which
-    times FLOPs alone."""
+    times FLOPs alone. The one answer: deepspeed_grads.takes_accumulation_off reads it."""
     return profile.source != "analytic" or profile.assumptions.get("mfu") is None
 
 
@@ -90,8 +90,8 @@ def hook_bytes(setup: TrainSetup) -> int:
 def beyond_profile_bytes(profile: Profile, setup: TrainSetup) -> int:
     """Bytes a parameter a microbatch the hook moves beyond the `.grad` add the profile's backward charged (none
     where it timed none: accumulation_timed); negative where the hook moves less (Megatron-FSDP's copy); 0 for a
-    runtime whose record has no such hook (unfused_wgrad_bytes 0: torch's own `.grad` add is the profile's)."""
-    if not runtimes.of(setup.training).unfused_wgrad_bytes:
+    runtime whose record has no such hook (main_grad_hook False: torch's own `.grad` add is the profile's)."""
+    if not runtimes.of(setup.training).main_grad_hook:
         return 0
     timed = PROFILE_ACCUMULATE * dataparallel.param_bytes(setup).weights if accumulation_timed(profile) else 0
     return hook_bytes(setup) - timed

@@ -283,13 +283,12 @@ class RuntimeFacts:
     the other (DeepSpeed v0.6.2's ZeRO 3: a sub-group's CPU Adam, then its fp16 copy), the default of --offload-copies
     there; (): not read, ckplan's overlapped chunks (planner/cost/dataparallel.py offload_ms)."""
     # -- settings Megatron-LM's functional tests run (read by planner/cost/jobsettings.py; issue 35)
-    unfused_wgrad_bytes: int = 0
-    """Bytes per weight parameter a microbatch the runtime moves beyond the profile's gradient
-    accumulation when its fused weight-gradient accumulation is off (Megatron-LM's
-    --no-gradient-accumulation-fusion: the bf16 weight gradient added into the fp32 main_grad by its
-    own kernel, where the wgrad GEMM accumulates into it in its epilogue); 0: not read, refused. Its
-    figure is at its own dtypes and a profile that timed the `.grad` add; jobsettings.beyond_profile_bytes
-    counts the hook's bytes for the setup (Megatron-FSDP's copy, --grad-reduce-in-bf16, an untimed add)."""
+    main_grad_hook: bool = False
+    """Whether the runtime's hook on each parameter's AccumulateGrad takes the gradient autograd made into its own
+    main_grad (Megatron-LM's DDP adds it, Megatron-FSDP copies it into its bucket): where its fused weight-gradient
+    accumulation is off (--no-gradient-accumulation-fusion) every weight's gradient takes it, an embedding's always.
+    False: not read, the setting refused. The bytes are the setup's (jobsettings.hook_bytes: the gradient's and
+    main_grad's dtypes, the add or the copy), less the `.grad` add the profile timed (beyond_profile_bytes)."""
     fills_te_outputs: bool = False
     """Under deterministic mode (torch.use_deterministic_algorithms) the runtime's layers allocate their
     GEMM, norm and attention outputs through aten::empty, which then writes NaN into each first

@@ -126,7 +126,7 @@ def megatron() -> RuntimeFacts:
         recompute_whole_forward=True, overlaps_grad_reduce=True, fsdp_units="megatron-fsdp", prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True, local_spec_buffer=True, output_layer_buffer=True,
         step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False, tp_gathers_float8=True,
-        fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
+        fused_kernels="transformer-engine", main_grad_hook=True, logged_read_shard_bytes=4, fills_te_outputs=True,
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
         deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, host_rest_linears=HOST_REST_LINEARS,
         step_collectives=STEP_COLLECTIVES, timer_syncs=TIMER_SYNCS,
@@ -163,7 +163,7 @@ def megatron() -> RuntimeFacts:
                                         f"§321)",
             **BRIDGE_SETTINGS_SOURCES,
             "chunked_loss": NO_CHUNKED_LOSS + " (Megatron-LM's own fused cross-entropy is --cross-entropy-loss-fusion)",
-            "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
+            "main_grad_hook": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
                                    "accumulate, its epilogue reading and writing 4 B each inside the GEMM (timed by its FLOPs: "
                                    "the TE record's backward has no eager accumulation, te_fused.fused_accumulation; "
                                    "TE transformer_engine/"
@@ -241,7 +241,7 @@ def megatron() -> RuntimeFacts:
                                        "is sm90's, FlashAttention-4 refuses dropout: utils.py 495-498, 1010-1015)",
             "zero1_all_reduces": "the distributed optimizer reduce-scatters its buckets (--use-distributed-optimizer)",
             "hp_grad_accumulate_bytes": "the wgrad GEMM accumulates into main_grad (gradient_accumulation_fusion); "
-                                        "unfused_wgrad_bytes charges the path without it",
+                                        "main_grad_hook charges the path without it",
             "hp_grad_bytes": "main_grad is the one gradient (grad_bytes 4): no second copy beside it",
             "hp_grad_cast_bytes": "nothing cast after each backward: the wgrad GEMM writes into main_grad",
             "reduce_cast_bytes": "DDP reduces its buckets in place in the grad buffer (ddp_buckets)",

@@ -56,7 +56,7 @@ AFTER_STEP_NOT_READ = {
     "step_whole_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
     "step_shard_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
     # and Megatron-LM's test settings (jobsettings.py), refused where not read
-    "unfused_wgrad_bytes": "not read for this runtime (its weight-gradient accumulation has no fused path to turn "
+    "main_grad_hook": "not read for this runtime (its weight-gradient accumulation has no fused path to turn "
                            "off: --no-gradient-accumulation-fusion refused)",
     "logged_read_shard_bytes": "not read for this runtime (--log-params-norm, --log-num-zeros-in-grad refused)",
     "fills_te_outputs": "not read for this runtime (--deterministic-mode refused)",

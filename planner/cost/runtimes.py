@@ -469,7 +469,7 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
     if training.mtp_layers:
         refused.append(f"multi-token prediction (--mtp-layers {training.mtp_layers}) is not modelled: a profile "
                        "holds no MTP modules")
-    if getattr(training, "unfused_grad_accumulation", False) and not of(training).unfused_wgrad_bytes:
+    if getattr(training, "unfused_grad_accumulation", False) and not of(training).main_grad_hook:
         refused.append(f"--no-gradient-accumulation-fusion turns off Megatron-LM's fused weight-gradient "
                        f"accumulation; {training.runtime}'s runtime has none to turn off: drop it or choose "
                        "--runtime megatron")

@@ -34,6 +34,10 @@ class StagePredicted(Strict):
     activation_bytes: Bytes  # in-flight microbatches x kept bytes per microbatch
     buffer_bytes: Bytes = 0  # pipeline send/recv buffers
     transient_bytes: Bytes = 0  # recompute + largest layer transient
+    # what static counts that the stage does not hold at its peak, net of the largest transient: beside a pipeline
+    # under FSDP2's moments, the gradient shards the step set to None and no backward has made again
+    # (gathered.stage_floor); static + buffers + activations + transient - freed is the peak's moment
+    freed_bytes: Bytes = 0
     time_ms: float  # fwd + bwd + recompute for all microbatches' worth of one microbatch
     step_ms: float = 0.0  # optimizer step, once per iteration
     comm_ms: float = 0.0  # per microbatch: the stage's sends and schedule actions (not in time_ms)

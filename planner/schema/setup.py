@@ -217,7 +217,7 @@ class TrainingSetup(Strict):
     # expert tensor-parallel degree (Megatron --expert-tensor-parallel-size; None: the TP degree)
     expert_tp: int | None = Field(default=None, ge=1, le=MAX_RANKS)
     # Megatron-LM's --no-gradient-accumulation-fusion: each weight gradient written in bf16, then added
-    # into the fp32 main_grad by the DDP hook (the runtime record's unfused_wgrad_bytes; refused where 0)
+    # into the fp32 main_grad by the DDP hook (the runtime record's main_grad_hook; refused without one)
     unfused_grad_accumulation: bool = False
     # Megatron-LM's --log-params-norm and --log-num-zeros-in-grad: the parameters' norm and the
     # gradients' zeros read once a step (the record's logged_read_shard_bytes; refused where 0)

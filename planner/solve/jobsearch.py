@@ -12,8 +12,8 @@ once the next time bound reaches it: no configuration left could enter the ranki
 ranking is therefore the same as solving every configuration (tests/test_search.py holds it
 to that brute force). The one-chunk configurations (1F1B, GPipe: the DP) pass first, then the
 chunked ones (the MILP) under the bar they left, an interleaved one pruned before its MILP where its bound
-with the bubble (chunkbound.py, asked only then) reaches the bar; with chunked="beside-solved" only the chunked
-twins of the one-chunk configurations solved are (`ckplan search` asks "all": docs/published-runs.md §41.chunklp).
+with the bubble (chunkbound.py, asked only then) reaches the bar: every chunk count is solved or pruned so
+(docs/published-runs.md §41.chunklp).
 
 Under a time limit the profiles may take most of it (T11 on 64 GPUs under load: 308 profiles in
 291.5 s of 300). Once half the limit is gone with nothing ranked, the enumeration stops for one solve
@@ -110,9 +110,6 @@ class Outcome:
     complete: bool = True  # False: the deadline stopped it before the bound did
     unexplored: int = 0  # configurations not enumerated: the deadline passed while their profiles were built
     solved_early: int = 0  # of `solved`, those solved while profiles were still built (half the limit gone, no plan)
-    # chunked configurations not solved because their one-chunk twin (the same degrees under 1F1B) was not solved:
-    # its bound at or past the bar (search_job's chunked="beside-solved")
-    chunked_set_aside: int = 0
     wall_s: float = 0.0
     nearest: Candidate | None = None  # the configuration nearest to fitting by the memory bound
     unsolved: list[Candidate] = field(default_factory=list)  # fit the memory bound, not reached before the deadline
@@ -346,16 +343,13 @@ def _ratio(candidate: Candidate) -> float:
 
 
 def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, top: int = 5,
-               deadline: Deadline | None = None, solver: str = "auto", chunked: str = "all") -> Outcome:
+               deadline: Deadline | None = None, solver: str = "auto") -> Outcome:
     """The `top` fastest configurations that fit, each with its exact plan (see the module's text).
     Past `deadline` the search stops where it is, building profiles or solving (outcome.complete False:
     the ranking is the best of what was solved; outcome.unexplored the configurations never reached); at
     half of it, with nothing ranked, the best-bound candidate kept so far is solved (outcome.solved_early).
-    `chunked`: "all" solves every chunked configuration the bounds do not prune (`ckplan search`'s: with
-    chunkbound.py's bound charging the sends and reductions, the interleaved ones cost 1.8 s of LPs on an 8B job,
-    docs/published-runs.md §41.chunklp); "beside-solved" only those whose one-chunk twin (the same degrees under
-    1F1B) the one-chunk pass solved (its bound under the bar then), the rest counted in outcome.chunked_set_aside
-    (the default before §41.chunklp: with §39.chunkbound's looser LP every chunk count took 1.9x-2.8x its wall)."""
+    Every chunked configuration the bounds do not prune is solved (chunkbound.py's bound charges the sends and
+    reductions: the interleaved ones cost 1.8 s of LPs on an 8B job, docs/published-runs.md §41.chunklp)."""
     started = time.perf_counter()
     deadline = deadline or Deadline(None)
     outcome = Outcome()
@@ -384,18 +378,9 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
     if not _solve_pass(one_chunk, outcome, early, top=top, deadline=deadline, solver=solver, solved=solved):
         outcome.unsolved += [c for c in chunked_ones if id(c) not in early]
     else:
-        if chunked == "beside-solved":
-            kept = [c for c in chunked_ones if _twin(c.degrees) in solved or id(c) in early]
-            outcome.chunked_set_aside = len(chunked_ones) - len(kept)
-            chunked_ones = kept
         _solve_pass(chunked_ones, outcome, early, top=top, deadline=deadline, solver=solver, solved=solved)
     outcome.wall_s = time.perf_counter() - started
     return outcome
-
-
-def _twin(degrees: Degrees) -> Degrees:
-    """The degrees under 1F1B, one chunk a rank: what a chunked configuration is set beside."""
-    return dataclasses.replace(degrees, schedule="1F1B", chunks=1)
 
 
 def _solve_order(candidate: Candidate) -> tuple:

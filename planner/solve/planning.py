@@ -19,6 +19,9 @@ class Unplanned:
     status: str
     shortfalls: list | None
     time_limit_s: float
+    # what ran before the deadline, for the timeout's words: seconds spent, baselines scored of those there are
+    elapsed_s: float | None = None
+    baselines: tuple[int, int] | None = None
 
     @property
     def resource(self) -> str:
@@ -36,14 +39,23 @@ class Unplanned:
             from planner.cost import replayed_reserve
             if not replayed_reserve.replays(setup):
                 return told
-            return (f"{told}, which bounds the baselines and the search together: here each plan is judged by the "
-                    "allocator's replay of its every stage, so each baseline and each of the search's solves under "
-                    "caps costs seconds, and a large model needs minutes (Mistral-Small-24B on 8 stages at 80GB "
-                    "found its plan at --time-limit 240)")
+            return f"{told}, which bounds the baselines and the search together: {self._what_ran(setup)}"
         if self.status == "error":
             return ("the MILP solver (HiGHS) failed numerically before it found a plan, and no baseline fits to "
                     "fall back on; try --solver dp where the schedule has one stage per rank, or other caps")
         return infeasible_message(self.shortfalls, setup)
+
+    def _what_ran(self, setup) -> str:
+        """This job's own figures: the stages each plan's replay judges, the baselines scored and the seconds spent."""
+        stages = setup.pipeline.stages
+        said = (f"here each plan is judged by the allocator's replay of its {stages} stage{'s' if stages > 1 else ''}, "
+                "so each baseline and each of the search's solves under caps costs seconds")
+        if self.elapsed_s is None or self.baselines is None:
+            return said
+        scored, total = self.baselines
+        return (f"{said}; in {self.elapsed_s:.1f} s {scored} of the {total} baselines were scored"
+                + ("" if scored == total else " before the deadline")
+                + ", and the search under caps found no plan in what was left")
 
 
 def search_plan(profile, setup, *, time_limit_s: float, solver: str = "auto", deadline=None, starts=()):
@@ -84,7 +96,9 @@ def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float, solver
     if isinstance(result, search.NoFit):
         shortfalls = (search.why_not(profile, setup, deadline=deadline, solver=solver, least_memory=explain)
                       if result.status == "infeasible" else None)
-        return Unplanned(result.status, shortfalls, time_limit_s)
+        from planner.solve.baselines import BASELINES
+        return Unplanned(result.status, shortfalls, time_limit_s, elapsed_s=deadline.elapsed_s(),
+                         baselines=(len(references), len(BASELINES)))
     solve = result.solve
     return Plan(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),

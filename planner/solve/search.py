@@ -462,8 +462,12 @@ def need_terms(stage: costmodel.StageCost) -> dict[str, int]:
     if stage.step_end_bytes > moment:
         terms["kept to the step's end (outputs, sends) and the merge"] = stage.step_end_bytes
     elif stage.activation_bytes + stage.transient_bytes >= stage.step_scratch_bytes:
-        terms.update({f"activations x {stage.in_flight} microbatches": stage.activation_bytes,
-                      "largest transient": stage.transient_bytes})
+        terms[f"activations x {stage.in_flight} microbatches"] = stage.activation_bytes
+        if stage.transient_bytes >= 0:
+            terms["largest transient"] = stage.transient_bytes
+        else:  # static counts gradient shards the step set to None and no backward has made again (stage_floor)
+            terms["freed before the peak (gradient shards static counts), net of the largest transient"] = \
+                stage.transient_bytes
     else:
         terms["optimizer step scratch"] = stage.step_scratch_bytes
     if stage.reserved_bytes is not None:  # cuda: what the allocator reserves beyond, and NCCL's buffers

@@ -434,7 +434,7 @@ def _settings(flags: Flags, job: Job) -> None:
 
 def _test_settings(flags: Flags, job: Job) -> None:
     """The settings Megatron-LM's functional tests run that move bytes (the runtime record's
-    unfused_wgrad_bytes, logged_read_shard_bytes; planner/cost/jobsettings.py), each a flag of
+    main_grad_hook, logged_read_shard_bytes; planner/cost/jobsettings.py), each a flag of
     arguments.py at 6e091e1b."""
     modelled = job.modelled
     modelled.unfused_grad_accumulation = bool(flags.take(

@@ -52,6 +52,27 @@ ENV_VARS = {
 }
 
 
+# A launcher's rendezvous and device variables: which rank a process is, where its group meets, which GPUs it sees.
+# None moves a rank's memory or time: the job's sizes are its flags and --gpus. torch 2.13.0's env:// rendezvous reads
+# RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torch/distributed/rendezvous.py 269-277), and torchrun sets those with
+# GROUP_RANK, LOCAL_WORLD_SIZE and LOCAL_RANK in every worker's environment over the parent's (elastic/agent/server/
+# local_elastic_agent.py 416-425, 487, 512; subprocess_handler.py 49-50: os.environ, then the agent's); CUDA_VISIBLE_
+# DEVICES masks the devices (torch/cuda/__init__.py 860-862), each still the GPU named; NODE_RANK is a script's shell
+# variable for torchrun's --node_rank (Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh 12, 157006d6), which
+# torch reads as PET_NODE_RANK (torch/distributed/run.py 620-627, argparse_util.py 13-15). docs/framework-facts.md §447.
+_LAUNCHER = "a launcher's variable: which rank, where its group meets, which GPUs it sees; no memory or time moves"
+LAUNCHER_VARS = {name: ("no effect", None, f"{_LAUNCHER} ({source})") for name, source in (
+    ("MASTER_ADDR", "torch's env:// rendezvous; torchrun sets it per worker"),
+    ("MASTER_PORT", "torch's env:// rendezvous; torchrun sets it per worker"),
+    ("WORLD_SIZE", "torch's env:// rendezvous; torchrun sets it per worker: the job's size is its flags and --gpus"),
+    ("RANK", "torch's env:// rendezvous; torchrun sets it per worker"),
+    ("LOCAL_RANK", "torchrun sets it per worker"), ("LOCAL_WORLD_SIZE", "torchrun sets it per worker"),
+    ("GROUP_RANK", "torchrun sets it per worker"),
+    ("NODE_RANK", "the script's value for torchrun's --node_rank"),
+    ("CUDA_VISIBLE_DEVICES", "the CUDA runtime's device mask: each rank's GPU is still the one named"))}
+ENV_VARS.update(LAUNCHER_VARS)
+
+
 # What Megatron-LM's functional tests' launcher exports before a test's ENV_VARS (which override it):
 # tests/functional_tests/shell_test_utils/_run_training.sh 58-59 at 93ebf8d7, NCCL_PROTO=simple and NCCL_ALGO=Ring.
 LAUNCHER_NCCL = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "simple"}
