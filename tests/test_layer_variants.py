@@ -89,3 +89,18 @@ def test_smollm3_nope_layers_record_no_compiled_figures():
     # eager, the NoPE layer moves less than the RoPE one (no rotary), charged its own
     assert nope.fwd_ms < rope.fwd_ms
     assert [c.fwd_ms for c in layer_costs(profile)[1:3]] == [rope.fwd_ms, nope.fwd_ms]
+
+
+def test_a_model_code_profile_records_its_blocks_variants_by_name():
+    """--hf-config's wrapper names decoder layer i `layers.{i}` (hfmodels.py): those take the arch's variant; the
+    embedding, the head and a name past the decoder keep none."""
+    from planner.models.synthetic import layer
+    from planner.profiler.variants import with_variants
+
+    arch = archconfig.from_hf_config(GEMMA3, where="config.json", name="tiny")
+    names = ["embed", "layers.0", "layers.1", "layers.2", "layers.3", "output"]
+    plain = [layer(name, "Block", fwd_ms=1, act_mib=1, input_mib=1, param_count=1) for name in names]
+    made = with_variants(plain, arch)
+    assert [x.variant for x in made] == [None, "full attention", "window 64", "window 64", None, None]
+    alike = archconfig.from_hf_config({**GEMMA3, "layer_types": ["sliding_attention"] * 3}, where="c", name="t")
+    assert {x.variant for x in with_variants(plain, alike)} == {None}
