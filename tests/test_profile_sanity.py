@@ -51,6 +51,15 @@ def test_same_kind_layers_far_apart_are_suspects():
     assert sanity.suspects(layers) == {3} and sanity.nonsense(layers) == ""
 
 
+def test_a_layer_is_judged_by_its_own_variants_median():
+    """A global layer three times its sliding ones' time is its own work, not load: judged among its variant."""
+    glob = {"fwd_ms": 30.0, "bwd_ms": 60.0, "fwd_ms_min": 30.0, "fwd_ms_max": 30.0, "bwd_ms_min": 60.0,
+            "bwd_ms_max": 60.0, "variant": "full attention"}
+    layers = _blocks({i: {"variant": "window 64"} for i in range(3)} | {3: glob})
+    assert sanity.suspects(layers) == set() and sanity.robust_figures(layers) == {}
+    assert sanity.suspects(_blocks({3: glob | {"variant": None}})) == {3}
+
+
 class SlowAtFirst(nn.Module):
     """A block that sleeps 1 ms per forward, and 25 ms while `busy_calls` lasts: a spell
     of load that hits one layer's whole first series."""

@@ -114,9 +114,23 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
     if hf_config is not None:  # the length ckplan's model file feeds it: exports and throughput read it
         seq_len = arch_options["seq_len"] or profile_hf._default_seq_len(config)
         profile = profile.model_copy(update={"assumptions": {**profile.assumptions, "seq_len": seq_len}})
+        profile = _with_variants(profile, config, model_file)
     profile = with_timing_verdict(profile)
     io.save_profile(profile, out)
     _report(profile, out)
+
+
+def _with_variants(profile, config: dict, model_file: str):
+    """Each decoder block's variant (planner/profiler/variants.py) where the config reads as an architecture (before
+    the timing verdict, which judges a layer among its variant)."""
+    from planner.models import archconfig
+    from planner.profiler.variants import with_variants
+
+    try:
+        arch = archconfig.from_hf_config(config, where=model_file, name=Path(model_file).stem)
+    except UserError:
+        return profile  # a shape the reader does not read: its layers grouped by kind alone
+    return profile.model_copy(update={"layers": with_variants(profile.layers, arch)})
 
 
 def with_timing_verdict(profile):

@@ -168,7 +168,8 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
 
 def _blocks_on_te(profile, arch_config: dict | None, model_file: str, seq_len: int, micro_batch_size: int, gpu):
     """The profile with its dense blocks' passes on Transformer Engine's fused kernels recorded
-    (te_fused.fake_blocks_on_te), where the Hugging Face config reads as an architecture."""
+    (te_fused.fake_blocks_on_te) and each block's variant (variants.py), where the Hugging Face config reads as an
+    architecture."""
     from planner.models import archconfig
     from planner.profiler import te_fused
     from planner.profiler.formulas import Shape
@@ -179,8 +180,11 @@ def _blocks_on_te(profile, arch_config: dict | None, model_file: str, seq_len: i
         arch = archconfig.from_hf_config(arch_config, where=model_file, name=Path(model_file).stem)
     except UserError:
         return profile  # a shape the reader does not read: timed as profiled, evaluate says so
+    from planner.profiler.variants import with_variants
+
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size)
-    return profile.model_copy(update={"layers": te_fused.fake_blocks_on_te(profile.layers, arch, shape, gpu)})
+    layers = with_variants(te_fused.fake_blocks_on_te(profile.layers, arch, shape, gpu), arch)  # global apart
+    return profile.model_copy(update={"layers": layers})
 
 
 def _report(profile, out: Path) -> None:

@@ -70,6 +70,7 @@ class LayerCost:
     # of param_count, those an earlier layer holds too (a tied head's weight): one nn.Parameter where both share a rank
     shared_before: int = 0
     extra_options: tuple[OptionCost, ...] = ()  # selective options, after none and full
+    variant: str | None = None  # the profile's (LayerProfile.variant): normalised within kind and variant
     expert_param_count: int = 0  # of param_count, the routed experts' (expert parallelism splits them)
     a2a_bytes: int = 0  # a MoE block's token dispatch per microbatch (the all-to-all term)
     # none's and full's split backward bytes: (held, input peak, weight peak)
@@ -134,7 +135,7 @@ def _ring(collective) -> tuple | None:
 
 
 def layer_costs(profile: Profile) -> list[LayerCost]:
-    """Kind-normalised layer numbers: mean times, maximum bytes within a kind. Remembered per
+    """Kind-normalised layer numbers: mean times, maximum bytes within a kind and variant. Remembered per
     profile object (its layers' and tied sets' objects unchanged): a solve asks for them in
     every baseline, bound and solver, and at 20,000 layers each asking took a second."""
     parts = (tuple(map(id, profile.layers)), tuple(map(id, profile.tied)))
@@ -149,9 +150,9 @@ def layer_costs(profile: Profile) -> list[LayerCost]:
 
 
 def _layer_costs(profile: Profile) -> list[LayerCost]:
-    by_kind: dict[str, list] = {}
-    for layer in profile.layers:
-        by_kind.setdefault(layer.kind, []).append(layer)
+    by_kind: dict[tuple[str, str | None], list] = {}
+    for layer in profile.layers:  # a kind's variants apart: a global layer is not its sliding ones' mean
+        by_kind.setdefault((layer.kind, layer.variant), []).append(layer)
     per_kind = {
         kind: dict(
             fwd_ms=fmean(item.fwd_ms for item in same),
@@ -189,8 +190,8 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
     tied = tied_sets(profile)
     before = {name: sum(item.param_count for item in profile.tied if name in item.layers[1:])
               for name in {name for item in profile.tied for name in item.layers[1:]}}
-    return [LayerCost(name=layer.name, kind=layer.kind, **per_kind[layer.kind], tied=tied.get(layer.name, ()),
-                      shared_before=before.get(layer.name, 0)) for layer in profile.layers]
+    return [LayerCost(name=layer.name, kind=layer.kind, variant=layer.variant, **per_kind[layer.kind, layer.variant],
+                      tied=tied.get(layer.name, ()), shared_before=before.get(layer.name, 0)) for layer in profile.layers]
 
 
 def _module_gemms(layer) -> tuple[int, ...]:

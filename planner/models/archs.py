@@ -189,6 +189,16 @@ class Arch:
             changes.update(rotary=self.layer_rotary[index], layer_rotary=())
         return replace(self, **changes) if changes else self
 
+    def layer_variant(self, index: int) -> str | None:
+        """What sets decoder layer `index` apart from the others of its kind where the layers differ (its window,
+        its rotary): the profile's LayerProfile.variant, which the cost model groups by beside the kind so that a
+        global layer is charged its own time, not its kind's mean. None where every layer is alike."""
+        if len(set(self.layer_windows)) < 2 and len(set(self.layer_rotary)) < 2:
+            return None
+        own = self.layer(index)
+        parts = [f"window {own.sliding_window}" if own.sliding_window else "full attention"]
+        return ", ".join(parts if own.rotates else [*parts, "no rotary"])
+
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer `index` has the mixture of experts as its MLP."""
         return self.num_experts > 0 and index not in self.dense_layers

@@ -18,7 +18,8 @@ f (SwiGLU), a heads:
 Checked at full size for LLaMA 3 8B (batch 2 x 8,192 tokens: 151,688, 55,424 and 8,192 B per token,
 the partition and the formulas agree) and at the tests' tiny block. Not checked, so not recorded:
 tensor parallelism (its collectives' outputs are forced saved, partitioners.py force_save_collectives),
-mixtures of experts, latent attention, q/k norms, eager attention.
+mixtures of experts, latent attention, q/k norms, eager attention, a layer without rotary (SmolLM3's NoPE
+layers: the partition was read on a block that rotates Q and K, and no block without was traced).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ OPTION_OP_SAC = "op-sac"  # planner/profiler/opsac.py's name (not imported: it i
 def compiled_kept_bytes(arch: Arch, shape: Shape, *, moe: bool) -> dict[str, int]:
     """Per recompute option, what the block keeps per microbatch under torch.compile; {} for a
     block the formulas were not checked on (the module's docstring)."""
-    if (arch.style != "llama" or moe or arch.mla or arch.qk_norm or arch.sliding_window
+    if (arch.style != "llama" or moe or arch.mla or arch.qk_norm or arch.sliding_window or not arch.rotates
             or shape.attention != "flash" or shape.tp != 1):
         return {}
     tokens, d, h, f = shape.tokens, shape.d, arch.hidden_size, arch.intermediate_size

@@ -49,8 +49,9 @@ Recorded for grouped-query attention only (1 < K/V heads < heads, LLaMA 3's): wi
 size-1 head dimension), and inductor then moves 2 T·kv·d more forward and 2 T·h·d + 2 T·kv·d more
 backward without recompute (the script's second shape, 7 heads over 1); with K/V heads = heads there
 is no repeat at all; neither is the formula's. Not checked, so not recorded either: tensor
-parallelism, MoE, latent attention, q/k norms, eager attention, and Q wider than hidden
-(heads x head_dim != hidden), as compiled_kept.py.
+parallelism, MoE, latent attention, q/k norms, eager attention, Q wider than hidden
+(heads x head_dim != hidden), and a layer without rotary (SmolLM3's NoPE layers: the counts above hold
+rotary's casts and complex product, R its table), as compiled_kept.py.
 
 Context parallelism (cp > 1) is recorded: a rank's compiled block is the block at its own s / cp tokens
 plus the ring's own kernels. torchtitan 9dec370 compiles each block with fullgraph=True and the ring is
@@ -252,7 +253,7 @@ BYTES: dict[str, tuple[dict[str, int], dict[str, int]]] = {
 def offers_compiled_time(arch: Arch, shape: Shape, *, moe: bool) -> bool:
     """Where the formula was checked against inductor (the module's docstring)."""
     return (arch.style == "llama" and not moe and not arch.mla and not arch.qk_norm and not arch.sliding_window
-            and shape.attention == "flash" and shape.tp == 1 and q_width(arch, shape) == arch.hidden_size
+            and arch.rotates and shape.attention == "flash" and shape.tp == 1 and q_width(arch, shape) == arch.hidden_size
             and 1 < arch.num_kv_heads < arch.num_heads)
 
 

@@ -19,7 +19,7 @@ def noisy_timings(profile: Profile, *, spread: float = SPREAD, floor_ms: float =
     """Why the times look unreliable, or "" when they do not: one layer whose repeats
     differ by more than `spread`, or layers of one kind (the same computation) whose
     medians do. Layers under `floor_ms` are left out: their jitter costs nothing."""
-    by_kind: dict[str, list[float]] = {}
+    by_kind: dict[tuple[str, str | None], list[float]] = {}  # a kind's variants (a global layer) apart
     for layer in profile.layers:
         median_ms = layer.fwd_ms + layer.bwd_ms
         if median_ms < floor_ms:
@@ -27,8 +27,8 @@ def noisy_timings(profile: Profile, *, spread: float = SPREAD, floor_ms: float =
         fastest_ms, slowest_ms = layer.fwd_ms_min + layer.bwd_ms_min, layer.fwd_ms_max + layer.bwd_ms_max
         if slowest_ms > spread * fastest_ms:
             return f"the repeats of layer {layer.name} take from {fastest_ms:.3g} to {slowest_ms:.3g} ms"
-        by_kind.setdefault(layer.kind, []).append(median_ms)
-    for kind, medians in by_kind.items():
+        by_kind.setdefault((layer.kind, layer.variant), []).append(median_ms)
+    for (kind, _), medians in by_kind.items():
         if max(medians) > spread * min(medians):
             return f"identical {kind} layers take from {min(medians):.3g} to {max(medians):.3g} ms"
     return ""

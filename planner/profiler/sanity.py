@@ -64,10 +64,11 @@ def _zero_recompute(layer: LayerProfile) -> bool:
     return layer.recompute_ms == 0.0 and saves_more_than_input and layer.fwd_ms >= FLOOR_MS
 
 
-def _by_kind(layers: list[LayerProfile]) -> dict[str, list[int]]:
-    groups: dict[str, list[int]] = {}
+def _by_kind(layers: list[LayerProfile]) -> dict[tuple[str, str | None], list[int]]:
+    """Layer indices per kind and variant (a global layer is not judged by its sliding ones' median)."""
+    groups: dict[tuple[str, str | None], list[int]] = {}
     for i, layer in enumerate(layers):
-        groups.setdefault(layer.kind, []).append(i)
+        groups.setdefault((layer.kind, layer.variant), []).append(i)
     return groups
 
 

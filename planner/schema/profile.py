@@ -253,6 +253,10 @@ class LayerProfile(Strict):
 
     name: str  # FQN in the model: the runtime rebuilds stages from names alone
     kind: str  # layers of one kind are structurally identical (class + parameter shapes)
+    # within a kind, what sets this layer's time and bytes apart (Arch.layer_variant: its attention window, its
+    # rotary; Gemma 3's global layers, SmolLM3's NoPE layers): the cost model groups by kind and variant.
+    # None: as every other layer of its kind (and in profiles made before)
+    variant: str | None = None
     fwd_ms: Ms  # median over repeats
     bwd_ms: Ms
     fwd_ms_min: Ms

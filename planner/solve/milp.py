@@ -125,7 +125,7 @@ def _tolerance_bytes(problem: Problem) -> float:
 def find_runs(layers: list[LayerCost]) -> list[Run]:
     runs: list[Run] = []
     for idx, layer in enumerate(layers):
-        if runs and runs[-1].layer.kind == layer.kind:
+        if runs and (runs[-1].layer.kind, runs[-1].layer.variant) == (layer.kind, layer.variant):
             runs[-1] = Run(runs[-1].start, runs[-1].size + 1, runs[-1].layer)
         else:
             runs.append(Run(idx, 1, layer))
