@@ -122,3 +122,37 @@ def call(args):
     assert [result.storage_bytes[s] for s in result.returned_storages] == [64, 256]
     # without the IR the items would inherit the float8 shard's dtype, and with no assert hold no bytes
     assert run_call(wrapper, {"x_shard": 64, "w": 256}).peak_bytes == 352
+
+
+def test_a_fused_op_returning_one_tensor_sized_from_inductors_ir():
+    # 2.6.0 with async TP: fused_scaled_matmul_reduce_scatter returns one tensor; the wrapper writes its MultiOutput
+    # as `bufM = bufN` with no assert after it, and ir_post_fusion.txt states bufM's layout (§439). The block's
+    # output is that storage (`buf4 = buf2  # reuse` then an in-place add): it holds its bytes to the return.
+    wrapper = '''
+def call(args):
+    x, w = args
+    args.clear()
+    buf0 = empty_strided_cpu((1, 8, 8), (64, 8, 1), torch.float8_e4m3fn)
+    cpp_fused_cast_0(x, buf0)
+    buf1 = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default(buf0, w, buf5, buf6, 'sum', 1, '0', None, None, torch.bfloat16, True)
+    del buf0
+    buf2 = buf1
+    del buf1
+    buf3 = empty_strided_cpu((1, 4, 16), (64, 16, 1), torch.float32)
+    cpp_fused_1(buf2, buf3)
+    del buf3
+    buf4 = buf2; del buf2  # reuse
+    cpp_fused_add_2(buf4, x)
+    return (buf4, )
+'''
+    ir = "    buf2.layout = FixedLayout('cpu', torch.bfloat16, size=[1, 4, 16], stride=[64, 16, 1])\n"
+    result = run_call(wrapper, {"x": 128, "w": 256}, buffer_bytes=ir_buffer_bytes(ir))
+    # inputs 128 + 256; buf0 64 (float8): 448; then the output 128 (bf16 1x4x16) and buf3 256 (fp32): 768
+    assert result.peak_bytes == 768
+    assert [result.storage_bytes[s] for s in result.returned_storages] == [128]
+    made = [e for e in result.events if e > 0 and e not in result.inputs]
+    assert [result.storage_bytes[e] for e in made] == [64, 128, 256]
+    # without the IR the output holds no bytes: the peak is the inputs with buf3 (640), the returned storage 0
+    bare = run_call(wrapper, {"x": 128, "w": 256})
+    assert bare.peak_bytes == 640
+    assert [bare.storage_bytes[s] for s in bare.returned_storages] == [0]

@@ -172,7 +172,12 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
             elif _RETURN.match(part):
                 returned = tuple(_returned_name(value) for value in ast.parse(part).body[0].value.elts)
             elif match := _REUSE.match(part):
-                names[match.group(1)] = names[match.group(2)]
+                names[match.group(1)] = key = names[match.group(2)]
+                if key in pending and match.group(1) in (buffer_bytes or {}):
+                    # a fallback returning one tensor: 2.6.0 writes its MultiOutput as `bufM = bufN`, no assert
+                    # after it, and the IR states bufM's layout (AsyncTP's fused_scaled_matmul_reduce_scatter)
+                    storage_bytes[key] = buffer_bytes[match.group(1)]
+                    pending.pop(key)
             elif re.match(r"^\w+ = ", part) and "args" not in part:
                 raise ValueError(f"a wrapper statement this reader does not know: {part!r}")
             now = set(names.values())
