@@ -164,8 +164,9 @@ PINS = {
     # (§293): +61.594 ms. No tied sum on one stage (§37.solvertime): -429.261 ms on 161,711.934; the tied table
     # stepped and reduced once (§37.solverleft, §307): -84.511 ms; ZeRO 3's hooks' work as they run it (§39.gradacc):
     # -4,286.153 ms on 161,198.162; the tied table's buffered head gradient (§39.zero0tied): 50,304 x 25,600 x 2 B =
-    # 2,575,564,800 more
-    "run-1t.sh": ("deepspeed", 3, 8, 1, 156912.009, 281034215168, 305557143552),
+    # 2,575,564,800 more; under offload the step's fp64 norm of each gradient partition, once a step (§41.leftovers4,
+    # §413: 18 B a partition element, 125,998,700,800 at the A100's eager elementwise rate): +2,143.157 ms
+    "run-1t.sh": ("deepspeed", 3, 8, 1, 159055.166, 281034215168, 305557143552),
     "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.183, 20449853440, 24060624896),
 }
 
