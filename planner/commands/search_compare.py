@@ -227,7 +227,11 @@ def _said(value) -> str:
 # Arch fields that name or cite a model rather than shape it, and its numerics (rotary base and scaling, norm
 # epsilon: no bytes, no FLOPs), which a Megatron-LM file's reader leaves unset (--rotary-base, --norm-epsilon
 # have no effect on the plan) while the built-in architectures carry their model cards' values
-_ARCH_LABELS = ("name", "source", "max_position_embeddings", "rope_theta", "norm_eps", "rope_scaling")
+# what names a model or is how one implementation runs it, not what the model is: routing_weight_bytes and
+# renormalizes_top_k are the router's ops as transformers runs them (archs.Arch, counted by analytic_moe), which a
+# framework's file never says (Megatron-LM's router is its own)
+_ARCH_LABELS = ("name", "source", "max_position_embeddings", "rope_theta", "norm_eps", "rope_scaling",
+                "routing_weight_bytes", "renormalizes_top_k")
 
 
 def _framework_recompute(job, stages: int, *, op_level_sac: bool = False):
