@@ -133,8 +133,10 @@ def _known(layer: LayerCost, profile: Profile) -> LayerProfile | None:
 def extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
     """The compiled record's peak in place of the eager terms it replaces (module docstring): the record's, less the
     layer's transient and rerun, the rerun's gathered TP inputs and repeat_kv's copies; 0 where no record plays."""
+    if option != 1 or setup.comm.cp > 1 or not compiledrerun.rerun_partitioned(layer.kind, setup.training):
+        return 0  # before the profile's layer is looked up: a scan of the layers, per layer (8,000 layers: 6 s)
     known = _known(layer, profile)
-    found = None if known is None or option != 1 else record(known, OPTION_FULL, setup)
+    found = None if known is None else record(known, OPTION_FULL, setup)
     if found is None:
         return 0
     compiled = max(backward_peak(found, layer.output_bytes), forward_peak(found))
