@@ -16,7 +16,7 @@ Under no other settings or option, and on any other layer, nothing changes."""
 
 from __future__ import annotations
 
-from planner.cost import compiledrerun, runtimes
+from planner.cost import compiledrerun, cpring, runtimes
 from planner.cost.layers import LayerCost
 from planner.cost.repeatedkv import repeated_kv_extra_bytes
 from planner.cost.rules import layer_extra_bytes
@@ -92,7 +92,7 @@ def backward_peak(found: AllocRecord, incoming: int) -> int:
     """The most the record's backward (less the weights' gradients) holds at once beyond what the forward left, with
     the block's output's gradient (`incoming`) alive throughout."""
     program, _ = backward_without_grads(found)
-    return _program_peak(program, made=sum(1 for code in found.forward if code > 0), live=incoming)
+    return cpring.peak(program, made=sum(1 for code in found.forward if code > 0), live=incoming)
 
 
 def as_layer_record(known: LayerProfile, found: AllocRecord) -> LayerProfile:
@@ -107,23 +107,7 @@ def as_layer_record(known: LayerProfile, found: AllocRecord) -> LayerProfile:
 
 def forward_peak(found: AllocRecord) -> int:
     """The most the record's forward holds at once (its output and saved tensors among it)."""
-    return _program_peak(found.forward, made=0, live=0)
-
-
-def _program_peak(program, *, made: int, live: int) -> int:
-    """The most a record's program (a code > 0 makes the next id, -id frees it) holds at once, from `live` bytes,
-    its first allocation id `made` + 1."""
-    sizes: dict[int, int] = {}
-    peak = live
-    for code in program:
-        if code > 0:
-            made += 1
-            sizes[made] = code
-            live += code
-            peak = max(peak, live)
-        elif -code in sizes:
-            live -= sizes.pop(-code)
-    return peak
+    return cpring.peak(found.forward)
 
 
 def _known(layer: LayerCost, profile: Profile) -> LayerProfile | None:

@@ -229,16 +229,17 @@ def _flash_scratch(p: _Program, q: int) -> None:
     p.free("dq_accum")
 
 
-def peak(program: tuple[int, ...]) -> int:
-    """The largest bytes a program holds at once."""
+def peak(program, *, made: int = 0, live: int = 0) -> int:
+    """The largest bytes a program holds at once (a code > 0 makes the next id, -id frees it), from `live` bytes, its
+    first allocation id `made` + 1; a free of an id made before the program (<= `made`) is outside what it counts."""
     sizes: dict[int, int] = {}
-    live = top = made = 0
+    before, top = made, live
     for code in program:
         if code > 0:
             made += 1
             sizes[made] = code
             live += code
             top = max(top, live)
-        else:
+        elif -code > before:
             live -= sizes.pop(-code)
     return top
