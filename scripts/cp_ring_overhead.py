@@ -14,9 +14,11 @@ What a row asks of the ring, were its whole gap (published - ckplan) the ring's 
 gap) / attention core. Only the 8B rows (C2-C4: one microbatch, no pipeline) are asked; the 405B rows' gap passes
 through the 1F1B bubble and is printed as ckplan's factor only.
 
-    PYTHONPATH=. python scripts/cp_ring_overhead.py PROFILE_DIR [--only C2,C3,C4]
+    PYTHONPATH=. python scripts/cp_ring_overhead.py PROFILE_DIR [--only C2,C3,C4] [--also ROW=PROFILE.json ...]
 
-PROFILE_DIR: the rows' profiles (`published_rows.py profiles --only C2,C3,C4 --work PROFILE_DIR`).
+PROFILE_DIR: the rows' profiles (`published_rows.py profiles --only C2,C3,C4 --work PROFILE_DIR`). `--also C4=P.json`
+costs row C4's arguments on another profile (a `ckplan profile` of the same model at another length, e.g. the
+published ring's 8,192 tokens a rank: `--seq-len 65536 --cp 8`), for ckplan's factor at that chunk.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from published_rows import HarnessError, load_table, split  # noqa: E402
+from published_rows import HarnessError, capture, load_table, split, split_terms  # noqa: E402
 
 # zhuzilin/ring-flash-attention README.md at 01c8baf5, the batch api's table (iterations a second): (theoretic
 # flash_attn, i.e. flash_attn's own iterations / 8, zigzag_ring), 8 GPUs, 8,192 tokens a GPU
@@ -59,10 +61,16 @@ def asked_factor(terms: dict, published_s: float) -> float:
     return (core + terms["cp_exchange_s"] + terms["cp_ring_membound_s"] + gap) / core
 
 
+def split_on(row, profile: Path) -> dict:
+    """The row's split with its arguments costed on `profile` in place of its own."""
+    return split_terms(row.id, *capture(["--profile", str(profile)] + list(row.args)))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("profiles", type=Path)
     parser.add_argument("--only", default=",".join(DEFAULT_ROWS))
+    parser.add_argument("--also", action="append", default=[], metavar="ROW=PROFILE")
     args = parser.parse_args(argv)
     if not args.profiles.is_dir():
         print(f"{args.profiles} is not a folder: make the profiles with published_rows.py profiles --only "
@@ -73,6 +81,12 @@ def main(argv: list[str]) -> int:
     unknown = [name for name in names if name not in table or not name.startswith("C")]
     if unknown:
         print(f"not a CP row of scripts/published_rows.toml: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    also = [item.partition("=") for item in args.also]
+    bad = [f"{name}={path}" for name, _, path in also if name not in table or not Path(path).is_file()]
+    if bad:
+        print(f"--also takes ROW=PROFILE.json with a row of scripts/published_rows.toml and a profile file: "
+              f"{', '.join(bad)}", file=sys.stderr)
         return 2
     for label, (theoretic, ring) in ZIGZAG_PUBLISHED.items():
         print(f"published zigzag ring, {label}: {published_factor(theoretic, ring):.3f}")
@@ -89,6 +103,10 @@ def main(argv: list[str]) -> int:
         if name in ASKED_ROWS:
             line += f", the published {table[name].time_s:g} s asks {asked_factor(terms, table[name].time_s):.3f}"
         print(line)
+    for name, _, path in also:
+        terms = split_on(table[name], Path(path))
+        print(f"{name} on {path}: ckplan's ring {ring_factor(terms):.3f}" if terms["attention_core_s"]
+              else f"{name} on {path}: no ring")
     return 0
 
 

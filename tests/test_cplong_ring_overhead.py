@@ -47,3 +47,21 @@ def test_main_refuses_a_missing_folder_and_a_row_that_is_not_a_cp_row(tmp_path, 
     assert "is not a folder" in capsys.readouterr().err
     assert overhead.main([str(tmp_path), "--only", "M15"]) == 2
     assert "not a CP row of scripts/published_rows.toml: M15" in capsys.readouterr().err
+
+
+def test_also_costs_a_rows_arguments_on_another_profile_and_refuses_a_missing_one(tmp_path, capsys, monkeypatch):
+    profile = tmp_path / "p.json"
+    profile.write_text("{}")
+    seen = []
+
+    def fake(row, path):
+        seen.append((row.id, path))
+        return {"attention_core_s": 4.0, "cp_exchange_s": 1.0, "cp_ring_membound_s": 1.0, "iteration_s": 9.0}
+
+    monkeypatch.setattr(overhead, "split", lambda row, work: fake(row, work))
+    monkeypatch.setattr(overhead, "split_on", fake)
+    assert overhead.main([str(tmp_path), "--only", "C4", "--also", f"C4={profile}"]) == 0
+    assert seen == [("C4", tmp_path), ("C4", profile)]
+    assert f"C4 on {profile}: ckplan's ring 1.500" in capsys.readouterr().out
+    assert overhead.main([str(tmp_path), "--also", f"C4={tmp_path / 'none.json'}"]) == 2
+    assert "--also takes ROW=PROFILE.json" in capsys.readouterr().err
