@@ -39,8 +39,19 @@ def test_the_flags_say_whether_the_aux_loss_runs():
     assert _said(seq, "--moe-router-load-balancing-type")[2] == "not modelled"
     z = megatron.from_pairs(TINY + [("--moe-z-loss-coeff", ["0.001"])], "t.sh")
     assert _said(z, "--moe-z-loss-coeff")[2] == "not modelled"
+    dense = [pair for pair in TINY if pair[0] not in ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size")]
+    assert _said(megatron.from_pairs(dense + coeff, "t.sh"), "--moe-aux-loss-coeff")[2] == "no effect"
     assert megatron.read(ROWS / "h100_qwen3_30b_fp8cs.yaml").arch.router_aux_loss  # aux_loss, 0.001
     assert _said(megatron.read(ROWS / "h100_qwen3_30b_fp8cs.yaml"), "--moe-aux-loss-coeff")[2] == "modelled"
+
+
+def test_an_unknown_loss_type_is_refused_in_one_sentence(tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun pretrain_gpt.py " + " ".join(f"{flag} {' '.join(values)}" for flag, values in TINY)
+                      + " --moe-router-load-balancing-type balanced --micro-batch-size 1 --global-batch-size 8\n")
+    result = CliRunner().invoke(cli, ["evaluate", "--from-megatron", str(script), "--gpus", "8", "--gpu", "h100"])
+    assert result.exit_code != 0 and "'balanced' is not one of Megatron-LM's" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_the_aux_loss_bytes_by_hand_on_a_tiny_block():

@@ -14,6 +14,7 @@ group) and `--moe-z-loss-coeff` (the z-loss's logsumexp over the logits) are lis
 
 from __future__ import annotations
 
+from planner.errors import UserError
 from planner.models.configs.megatron_args import Flags
 
 LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
@@ -24,25 +25,31 @@ def router_facts(flags: Flags, *, moe: bool) -> dict:
     kinds = flags.take_list("--moe-router-load-balancing-type", "the router's load-balancing loss") or ["aux_loss"]
     coeffs = flags.take_list("--moe-aux-loss-coeff", "the auxiliary loss's coefficient") or ["0"]
     z_loss = flags.take("--moe-z-loss-coeff", "the router's z-loss coefficient", float, None)
+    unknown = [kind for kind in kinds if kind not in LOSS_TYPES]
+    if unknown:
+        raise UserError(f"--moe-router-load-balancing-type {unknown[0]!r} is not one of Megatron-LM's "
+                        f"({', '.join(LOSS_TYPES)}); give one")
     if not moe:
+        for flag in ("--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff"):
+            _status(flags, flag, "no effect", "a router's loss: a dense model has no router")
         return {}
     if len(coeffs) == 1:
         coeffs = coeffs * len(kinds)
     runs = {kind for kind, coeff in zip(kinds, coeffs) if kind in LOSS_TYPES[:3] and _positive(coeff)}
     if runs - {"aux_loss"}:
-        _not_modelled(flags, "--moe-router-load-balancing-type",
-                      f"{', '.join(sorted(runs - {'aux_loss'}))}: its passes over the tokens x experts (global_aux_loss's "
-                      "all-reduce of the counts) are not modelled; aux_loss's are (te_moe.py)")
+        _status(flags, "--moe-router-load-balancing-type", "not modelled",
+                f"{', '.join(sorted(runs - {'aux_loss'}))}: its passes over the tokens x experts (global_aux_loss's "
+                "all-reduce of the counts) are not modelled; aux_loss's are (te_moe.py)")
     if z_loss:
-        _not_modelled(flags, "--moe-z-loss-coeff", "the router's z-loss (a logsumexp over the tokens x experts logits "
-                      "and its gradient) is not modelled")
+        _status(flags, "--moe-z-loss-coeff", "not modelled", "the router's z-loss (a logsumexp over the tokens x "
+                "experts logits and its gradient) is not modelled")
     return {"router_aux_loss": "aux_loss" in runs}
 
 
-def _not_modelled(flags: Flags, flag: str, why: str) -> None:
+def _status(flags: Flags, flag: str, status: str, why: str) -> None:
     for i, entry in enumerate(flags.sink):
         if entry[0] == flag:
-            flags.sink[i] = (*entry[:2], "not modelled", why)
+            flags.sink[i] = (*entry[:2], status, why)
 
 
 def _positive(value: str) -> bool:
