@@ -32,6 +32,12 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
     if model_type == "gemma3":  # multimodal: the text model (planner/models/gemma3.py)
         config, left_out = text_config(config, where)
         model_type = "gemma3_text"
+    # the family first: a family not read is said so, not refused for the first of its fields another family
+    # reads (Llama 4's num_local_experts was "read for mixtral, qwen3_moe, gpt_oss", as if renaming it would do)
+    if model_type and model_type not in (*GATED_TYPES, *MOE_TYPES, *GPT_TYPES):
+        raise UserError(f"{where}: model_type {model_type!r} is not read; --arch-config reads "
+                        f"{', '.join((*GATED_TYPES, *MOE_TYPES, *GPT_TYPES))} configs (one without model_type "
+                        f"is read as LLaMA-style){_built_from_code(model_type)}")
     _refuse_unmodelled(config, where, model_type)
     if model_type == "gpt2":
         return _gpt2(config, where, name)
@@ -39,10 +45,6 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
         return _opt(config, where, name)
     if model_type == "starcoder2":
         return _starcoder2(config, where, name)
-    if model_type and model_type not in (*GATED_TYPES, *MOE_TYPES):
-        raise UserError(f"{where}: model_type {model_type!r} is not read; --arch-config reads "
-                        f"{', '.join((*GATED_TYPES, *MOE_TYPES, *GPT_TYPES))} configs (one without model_type "
-                        f"is read as LLaMA-style){_built_from_code(model_type)}")
     arch = _gated(config, where, name, model_type)
     family = {"gpt_oss": gpt_oss_fields, "gemma3_text": gemma3_fields, "smollm3": smollm3_fields}.get(model_type)
     arch = family(config, where, arch) if family else arch
