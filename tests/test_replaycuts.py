@@ -189,3 +189,33 @@ def test_a_timeout_under_the_replay_quotes_the_jobs_own_figures(tmp_path, profil
     assert "judged by the allocator's replay of its 2 stages" in told
     assert f"{total} of the {total} baselines were scored, and the search" in told
     assert " s " in told.split("; in ")[1] and "the search under caps found no plan in what was left" in told
+
+
+def test_a_search_over_caps_cut_with_a_plan_says_the_limit_that_lets_it_finish(profile):
+    """Mistral-Small-24B on 8 stages at 80GB (docs/published-runs.md §42.usertrial5): at the default --time-limit
+    the search over caps made 5 of its solves, gave a plan 29.7% over its bound, and said only "a faster plan may
+    fit"; at 120 s it made 13 and found one 1.5% over. The cut search now says how many solves it left and the limit
+    that would let it make them: the seconds spent, and each one left at the mean of those made."""
+    from planner.commands.solve_report import replay_line
+    from planner.schema import SolverInfo
+
+    setup = _setup(918)
+    relaxed = replayfit.relaxed_caps(profile, setup)
+    evaluate = lambda s: costmodel.evaluate(s, profile, setup)  # noqa: E731
+    first = replaycuts.fastest_fitting(profile, setup, relaxed, known=None, upper_bound_ms=None, evaluate=evaluate,
+                                       deadline=search.Deadline(None), max_rounds=1).first
+    fits = search.plan(profile, setup, solver="dp")
+    assert fits.cost.feasible and not first.cost.feasible
+    answers = iter([fits, search.NoFit("timeout", 60.0, "dp")])
+    clock = itertools.count(5, 5)  # each reading of the clock 5 s later: the first round 5 s, its next cut at 15 s
+    searched = replayfit.search_caps(setup, relaxed, lambda caps, bar, first: next(answers), evaluate=evaluate,
+                                     least_memory=lambda: None, known_ms=None, elapsed_s=lambda: next(clock),
+                                     first=first)
+    assert searched.solve.status == "feasible" and searched.solve.replay == "searched"
+    assert (searched.solve.rounds_left, searched.solve.round_s, searched.solve.wall_s) == (
+        replayfit.REPLAY_ROUNDS - 1, 5.0, 20)
+    info = SolverInfo(status="feasible", wall_s=20, replay="searched", solves=2, rounds_left=5, round_s=5.0)
+    told = replay_line(info)
+    assert told.endswith("at most 5 of the search's solves under caps unmade, 5.0 s each here (a DP and the "
+                         "allocator's replay of every stage): --time-limit 45 lets it finish")
+    assert "--time-limit" not in replay_line(info.model_copy(update={"rounds_left": 0}))

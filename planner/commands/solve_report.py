@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from planner.console import bar, console, narrow, percent, table
@@ -152,10 +153,26 @@ def replay_line(solver) -> str | None:
                 f"'{solver.status}' holds against the replay, over the checkpoint sets the DP weighs (each range's "
                 "undominated sets)")
     if solver.replay == "searched":
-        return (f"the plan the rows that admit every plan the replay admits gave does not fit the replay; this is "
-                f"the fastest that fits of {solver.solves} solves under caps between and cut solves (or the plan "
-                "that needs least), its gap against the highest of their bounds: a faster plan may fit")
+        said = ("the plan solved under rows that admit every plan the replay admits does not fit the replay; this is "
+                f"the fastest that fits of {solver.solves} solves (the cuts', and the search's under caps between "
+                "those rows and the caps given, or the plan that needs least), its gap against the highest of their "
+                "bounds: a faster plan may fit")
+        return said + cut_short(solver)
     return None
+
+
+def cut_short(solver) -> str:
+    """Where --time-limit cut the search over caps: the rounds it left and the limit that would let it finish
+    (the time spent, and each round left at the mean of those made: a solve and its plan's replay)."""
+    if not solver.rounds_left:
+        return ""
+    if not solver.round_s:
+        return (f"; --time-limit ran out before the search over caps made any of its {solver.rounds_left} solves: "
+                "raise it, each of those solves being a DP and the allocator's replay of every stage")
+    needed = math.ceil(solver.wall_s + solver.rounds_left * solver.round_s)
+    return (f"; --time-limit ran out with at most {solver.rounds_left} of the search's solves under caps unmade, "
+            f"{solver.round_s:.1f} s each here (a DP and the allocator's replay of every stage): --time-limit "
+            f"{needed} lets it finish")
 
 
 def print_comparison(plan) -> None:
