@@ -152,6 +152,7 @@ def _summary(plan, cost, out: Path, ranges) -> dict:
         # the search over caps cut by --time-limit: at most this many solves unmade, each about round_s seconds
         "rounds_left": plan.solver.rounds_left,
         "round_s": plan.solver.round_s,
+        "timed_out": plan.solver.timed_out,  # --time-limit stopped a solver before it finished
         "iteration_ms": plan.predicted.iteration_ms,
         "stages": stages_json(plan.stages, cost, ranges),
         "baselines": [

@@ -137,8 +137,9 @@ def print_plan(plan, out: Path) -> None:
     solver = plan.solver
     gap = "" if solver.gap is None else f", gap {solver.gap:.2e}"
     console.print(f"solver: {solver.name}, {solver.status}{gap} in {solver.wall_s:.2f} s; plan written to {out}")
-    if (line := replay_line(solver)) is not None:
-        console.print(line)
+    for line in (replay_line(solver), cut_short(solver)):
+        if line is not None:
+            console.print(line)
 
 
 def replay_line(solver) -> str | None:
@@ -157,22 +158,24 @@ def replay_line(solver) -> str | None:
                 f"the fastest that fits of {solver.solves} solves (the cuts', and the search's under caps between "
                 "those rows and the caps given, or the plan that needs least), its gap against the highest of their "
                 "bounds: a faster plan may fit")
-        return said + cut_short(solver)
+        return said
     return None
 
 
-def cut_short(solver) -> str:
-    """Where --time-limit cut the search over caps: the rounds it left and the limit that would let it finish
-    (the time spent, and each round left at the mean of those made: a solve and its plan's replay)."""
-    if not solver.rounds_left:
-        return ""
-    if not solver.round_s:
-        return (f"; --time-limit ran out before the search over caps made any of its {solver.rounds_left} solves: "
-                "raise it, each of those solves being a DP and the allocator's replay of every stage")
-    needed = math.ceil(solver.wall_s + solver.rounds_left * solver.round_s)
-    return (f"; --time-limit ran out with at most {solver.rounds_left} of the search's solves under caps unmade, "
-            f"{solver.round_s:.1f} s each here (a DP and the allocator's replay of every stage): --time-limit "
-            f"{needed} lets it finish")
+def cut_short(solver) -> str | None:
+    """Where --time-limit stopped the solver before it finished, that it did; where it cut the search over caps,
+    the rounds left and the limit that would let it finish (the time spent, and each round left at the mean of
+    those made: a solve and its plan's replay)."""
+    if solver.rounds_left and solver.round_s:
+        needed = math.ceil(solver.wall_s + solver.rounds_left * solver.round_s)
+        return (f"--time-limit ran out with at most {solver.rounds_left} of the search's solves under caps unmade, "
+                f"{solver.round_s:.1f} s each here (a DP and the allocator's replay of every stage): --time-limit "
+                f"{needed} lets it finish")
+    if solver.timed_out:
+        return (f"--time-limit ran out after {solver.wall_s:.1f} s, before the solver finished: this is the best plan "
+                "it had then (a baseline where it had none faster); a longer --time-limit lets it finish and may "
+                "find a faster plan")
+    return None
 
 
 def print_comparison(plan) -> None:

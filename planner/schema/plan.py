@@ -143,6 +143,7 @@ class SolverInfo(Strict):
     # the search over caps cut by --time-limit: at most this many of its solves unmade, each about round_s seconds
     rounds_left: int = 0
     round_s: float = 0.0
+    timed_out: bool = False  # --time-limit stopped a solver before it finished: the best plan it had then
 
 
 class BaselineResult(Strict):

@@ -37,6 +37,7 @@ class SolveResult:
     # and the seconds one of those it made took (the mean: a solve and its plan's replay), which the limit would need
     rounds_left: int = 0
     round_s: float = 0.0
+    timed_out: bool = False  # the deadline stopped a solver before it finished: the plan is the best it had then
 
 
 # ---------------------------------------------------------------- solve and extract

@@ -131,7 +131,8 @@ def search_caps(setup: TrainSetup, relaxed: list[int], solve: SolveUnder, *, eva
     gap = None if bound is None else max(0.0, (cost.iteration_ms - bound) / cost.iteration_ms)
     solve_result = dataclasses.replace(first.solve, status="feasible", objective=cost.iteration_ms, gap=gap,
                                        wall_s=elapsed_s(), replay="searched", solves=solves, rounds_left=rounds_left,
-                                       round_s=sum(spent) / len(spent) if rounds_left and spent else 0.0)
+                                       round_s=sum(spent) / len(spent) if rounds_left and spent else 0.0,
+                                       timed_out=first.solve.timed_out or stopped == "timeout")
     return _judged(result, cost, solve_result)
 
 
