@@ -10,7 +10,7 @@ from typing import Literal
 from planner.errors import UserError
 from planner.models.archs import MAX_LAYERS, Arch
 from planner.models.families import BUILT_FAMILIES, GATED_TYPES, GPT_TYPES, MOE_TYPES
-from planner.models.gemma3 import gemma3_fields, smollm3_fields, text_config
+from planner.models.gemma3 import gemma3_fields, qwen_fields, smollm3_fields, text_config
 from planner.models.gptoss import gpt_oss_fields
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -46,7 +46,8 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
     if model_type == "starcoder2":
         return _starcoder2(config, where, name)
     arch = _gated(config, where, name, model_type)
-    family = {"gpt_oss": gpt_oss_fields, "gemma3_text": gemma3_fields, "smollm3": smollm3_fields}.get(model_type)
+    family = {"gpt_oss": gpt_oss_fields, "gemma3_text": gemma3_fields, "smollm3": smollm3_fields,
+              **dict.fromkeys(("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"), qwen_fields)}.get(model_type)
     arch = family(config, where, arch) if family else arch
     return _checked_heads(replace(arch, left_out=left_out) if left_out else arch, where)
 
