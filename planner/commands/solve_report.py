@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from planner.console import bar, console, narrow, percent, table
@@ -136,8 +137,9 @@ def print_plan(plan, out: Path) -> None:
     solver = plan.solver
     gap = "" if solver.gap is None else f", gap {solver.gap:.2e}"
     console.print(f"solver: {solver.name}, {solver.status}{gap} in {solver.wall_s:.2f} s; plan written to {out}")
-    if (line := replay_line(solver)) is not None:
-        console.print(line)
+    for line in (replay_line(solver), cut_short(solver)):
+        if line is not None:
+            console.print(line)
 
 
 def replay_line(solver) -> str | None:
@@ -152,9 +154,27 @@ def replay_line(solver) -> str | None:
                 f"'{solver.status}' holds against the replay, over the checkpoint sets the DP weighs (each range's "
                 "undominated sets)")
     if solver.replay == "searched":
-        return (f"the plan the rows that admit every plan the replay admits gave does not fit the replay; this is "
-                f"the fastest that fits of {solver.solves} solves under caps between and cut solves (or the plan "
-                "that needs least), its gap against the highest of their bounds: a faster plan may fit")
+        said = ("the plan solved under rows that admit every plan the replay admits does not fit the replay; this is "
+                f"the fastest that fits of {solver.solves} solves (the cuts', and the search's under caps between "
+                "those rows and the caps given, or the plan that needs least), its gap against the highest of their "
+                "bounds: a faster plan may fit")
+        return said
+    return None
+
+
+def cut_short(solver) -> str | None:
+    """Where --time-limit stopped the solver before it finished, that it did; where it cut the search over caps,
+    the rounds left and the limit that would let it finish (the time spent, and each round left at the mean of
+    those made: a solve and its plan's replay)."""
+    if solver.rounds_left and solver.round_s:
+        needed = math.ceil(solver.wall_s + solver.rounds_left * solver.round_s)
+        return (f"--time-limit ran out with at most {solver.rounds_left} of the search's solves under caps unmade, "
+                f"{solver.round_s:.1f} s each here (a DP and the allocator's replay of every stage): --time-limit "
+                f"{needed} lets it finish")
+    if solver.timed_out:
+        return (f"--time-limit ran out after {solver.wall_s:.1f} s, before the solver finished: this is the best plan "
+                "it had then (a baseline where it had none faster); a longer --time-limit lets it finish and may "
+                "find a faster plan")
     return None
 
 
