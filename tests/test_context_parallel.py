@@ -4,6 +4,7 @@ K/V exchange in time and memory (planner/cost/contextparallel.py), and --cp on t
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -227,10 +228,14 @@ def test_the_rings_memory_bound_time_reads_the_profiles_rate_and_the_compile():
     # Transformer Engine's p2p ring at the eager rate, K/V at their own heads (no repeat): O 2e9 B, KV 2e9 B at CP 4
     fwd = 2 * 2 + 2 * 2 + 3 * 2 * 3  # GB: the K/V concatenation, the first output's scale, three corrections
     bwd = 2 * 2 + 2 * 2 + 3 * 2 * 3 + 2 + 1.5 * 2 * 2 + 3 * 2  # the K/V copy, dq, dK/dV's halves and the diagonal
-    megatron = _cp_setup("megatron", 100.0)
-    assert contextparallel.ring_membound_ms(block, 0, profile, megatron) == pytest.approx((fwd + bwd) / rates["eager"])
+    megatron, elementwise = _cp_setup("megatron", 100.0), rates["by_class"]["elementwise"]
+    assert elementwise == pytest.approx(0.922 * 3.35)  # the H100's elementwise class (membound_published.py)
+    assert contextparallel.ring_membound_ms(block, 0, profile, megatron) == pytest.approx((fwd + bwd) / elementwise)
     assert contextparallel.ring_membound_ms(block, 1, profile, megatron) == \
-        pytest.approx((2 * fwd + bwd) / rates["eager"])
+        pytest.approx((2 * fwd + bwd) / elementwise)
+    # a profile without classed rates: the eager mean
+    plain = SimpleNamespace(assumptions={"membound_tbps": {"eager": rates["eager"]}})
+    assert contextparallel.ring_membound_ms(block, 0, plain, megatron) == pytest.approx((fwd + bwd) / rates["eager"])
 
 
 def test_transformer_engines_p2p_ring_bytes_by_hand():

@@ -215,8 +215,10 @@ def ring_membound_ms(layer, option: int, profile, setup: TrainSetup) -> float:
     backward, at the profile's measured memory-bound rate: torch's all-gather ring (ring_bytes) fused where the
     setup compiles the model (torchtitan 9dec370 compiles each block with fullgraph=True, parallelize_llama.py
     297-306: no graph break, so CP's ring is traced into the block's graph), eager else; Transformer Engine's
-    p2p ring (p2p_ring_bytes) at the eager rate (its copies and adds run eagerly, each merge as one kernel of
-    its own). 0 without context parallelism or a rate, and for the all-to-all (its reorders not read)."""
+    p2p ring (p2p_ring_bytes) at the elementwise class's eager rate where the profile has one (its kernels are
+    plain copies and adds, run eagerly, and its merges each one compiled elementwise kernel of its own: the
+    class's measured op is torch's relu-then-square on the H100, DyT on the B200), else the eager mean. 0
+    without context parallelism or a rate, and for the all-to-all (its reorders not read)."""
     exchange = layer.context_parallel
     rates = profile.assumptions.get("membound_tbps")
     kind = comm_type(setup.training)
@@ -225,6 +227,8 @@ def ring_membound_ms(layer, option: int, profile, setup: TrainSetup) -> float:
         return 0.0
     compiled = kind == "allgather" and bool(setup.training.compile) and runtimes.of(setup.training).compiles_model
     tbps = rates.get("fused" if compiled else "eager")
+    if kind == "p2p":
+        tbps = (rates.get("by_class") or {}).get("elementwise", tbps)
     if not isinstance(tbps, (int, float)) or tbps <= 0:
         return 0.0
     exchange = as_exchanged(exchange, setup.training)
