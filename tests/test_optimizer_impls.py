@@ -38,6 +38,8 @@ def _profile(tmp_path, *args):
     result = CliRunner().invoke(cli, ["profile", "--arch-config", str(config), "--seq-len", "16",
                                       "--micro-batch-size", "1", "--out", str(out), *args])
     assert result.exit_code == 0, result.output
+    # the report says which step the profile times, only where it is not the fused default
+    assert ("optimizer step: Adam: decoupled-adamw, 80 bytes" in result.output) == ("decoupled-adamw" in args)
     return json.loads(out.read_text()), out
 
 

@@ -338,6 +338,8 @@ def _report(profile, spec, shape, out: Path) -> None:
     info(f"{_timing(facts)}; "
          f"`ckplan solve` defaults --mem to {format_bytes(facts['gpu_usable_bytes'])}, what a process can "
          f"allocate on the {facts['gpu']}")
+    if facts.get("optimizer_impl"):
+        info(f"optimizer step: {facts['optimizer_step']} ({facts['optimizer_impl_source']})")
     if spec.max_position_embeddings and shape.seq_len > spec.max_position_embeddings:
         warn(f"--seq-len {shape.seq_len} exceeds {spec.name}'s max_position_embeddings "
              f"{spec.max_position_embeddings}")
