@@ -102,7 +102,8 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
     `fallback_dtype`: the dtype of a fallback kernel's outputs (their bytes from inductor's assert);
     `buffer_bytes`: a fallback's output's bytes by name where inductor's IR states its layout
     (`ir_buffer_bytes`; 2.6.0 writes no assert after a tuple's items), used before any assert. `unallocated`: buffers
-    counted 0 B (another device's lowering does not make them: compiled_record.cpu_layout_copies)."""
+    counted 0 B (another device's lowering does not make them: compiled_record.cpu_layout_copies), also where the
+    wrapper writes one into a dying buffer's storage (`# reuse`): that storage is released with its last other name."""
     names: dict[str, int] = {}  # name -> storage id
     storage_bytes: dict[int, int] = {}
     first = 1 + max((input_storages or {}).values(), default=-1)
@@ -185,6 +186,9 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
             elif (match := _ASSERTED.match(part)) and names.get(match.group(1)) in pending:
                 key = names[match.group(1)]
                 storage_bytes[key] = _storage_bytes(match.group(2), match.group(3), pending.pop(key))
+            elif (match := _REINTERPRET.match(part) or _REUSE.match(part)) and match.group(1) in unallocated:
+                names[match.group(1)] = key = next(fresh)  # in a dying buffer's storage here, none of its own there:
+                storage_bytes[key] = 0  # the storage goes with its last name (the `del` beside the reuse)
             elif match := _REINTERPRET.match(part):
                 names[match.group(1)] = names[match.group(2)]
             elif part.startswith("del "):
