@@ -193,3 +193,36 @@ def call(self, args):
     # buf0 64 B, buf1 32 B, released at the reuse's del; buf3 32 B: at most 96 B at once, not 128
     assert copied.peak_bytes == 96
     assert run_call(code, {"primals_1": 0}).peak_bytes == 128
+
+
+def test_the_records_peak_takes_the_rings_charge_out_of_the_layers_extra():
+    """At CP 2 the block's extra where its record plays is the record's peak less every eager term it replaces, the
+    ring's charge (contextparallel.extra_bytes) among them: the record holds the ring (§42.cpblock)."""
+    from planner.cost import contextparallel
+    from planner.cost.layers import layer_costs
+    from planner.cost.repeatedkv import repeated_kv_extra_bytes
+    from planner.cost.rules import layer_extra_bytes
+    from planner.cost.tpgathered import tp_gathered_extra_bytes
+    from planner.models import archs
+    from planner.profiler import analytic
+    from planner.profiler.analytic import Shape
+    from planner.schema import FileRef
+
+    arch = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
+                      num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=32)
+    profile = analytic.analytic_profile(arch, Shape(seq_len=32, micro_batch_size=1, cp=2), gpu=archs.gpu("h100"),
+                                        model=FileRef(file="arch:test", sha256="0" * 64))
+    record = AllocRecord(forward=[1000, -1, 300], backward=[10**6, -2, -3], output=2)  # one 1 MB backward buffer
+    layers = [layer.model_copy(update={"compiled_records": {"cp2,float8": record}})
+              if layer.kind == "decoder_block" else layer for layer in profile.layers]
+    profile = profile.model_copy(update={"layers": layers})
+    setup = _setup(tp=1, tp_overlap="none", cp=2, context_parallel=2)
+    block = next(cost for cost in layer_costs(profile) if cost.kind == "decoder_block")
+    ring = contextparallel.extra_bytes(block, setup, 1)
+    assert ring > 0  # the ring's buffers the eager terms charge at this shape
+    eager = layer_extra_bytes(block, 1) + tp_gathered_extra_bytes(block, 1, profile, setup) \
+        + repeated_kv_extra_bytes(block, 1, profile, setup) + ring
+    # the record's backward: 1 MB beside the received gradient (the block's output), its forward's 1300 B below it
+    assert compiled_block.extra_bytes(block, 1, profile, setup) == 10**6 + block.output_bytes - eager
+    # at another CP the record does not play: no change to the eager terms
+    assert compiled_block.extra_bytes(block, 1, profile, _setup(tp=1, tp_overlap="none", cp=4, context_parallel=4)) == 0
