@@ -3,8 +3,8 @@ its forward and backward (16-bit activations), counted op by op by OpBytes (plan
 under torch 2.13 on transformers 5.24.0's modules (docs/framework-facts.md §512-§513).
 
 The normalisation is one chain in both families: x to fp32, pow, mean, + eps, rsqrt, the product
-(36 B an element forward of LLaMA's, with its two casts and the weight's product; 78 B of the
-backward are the chain's own). They differ in the scale:
+(36 B an element forward of LLaMA's, with its two casts and the weight's product; 72 B of the
+backward are the chain's own, 12 its two casts). They differ in the scale:
 - LLaMA and kin (`LlamaRMSNorm.forward`, models/llama/modeling_llama.py 62-67, and every norm copied
   from it: Qwen, Mistral, SmolLM3, DeepSeek): the fp32 result cast to 16 bits, then `weight * x` in
   16 bits: 36 B an element forward, 96 backward (the weight's gradient, grad x the 16-bit normalised
