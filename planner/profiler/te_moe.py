@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections import Counter
 
 from planner.profiler import analytic_time, formulas, gptoss_time, te_bytes, te_moe_eager
+from planner.profiler.norm_bytes import rms_norm
 
 ROUTER_FWD = ROUTER_BWD = 9  # per (token, expert): fused top-k's logits, probs, map and fp32 intermediate
 ROW_MAP_MAKE, ROW_MAP = 5, 4  # per (token, expert): routing map read + int32 row map written; row map read
@@ -110,7 +111,7 @@ def qk_norm_bytes(arch, shape, *, fused: bool) -> tuple[int, int]:
         return 0, 0
     rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
     if not fused:
-        return analytic_time.NORM_FWD * rotated, analytic_time.NORM_BWD * rotated
+        return rms_norm(arch).forward(rotated), rms_norm(arch).backward(rotated)
     rows = rotated // arch.head_size * te_bytes.TE_RMSNORM_TOKEN * (1 if arch.style == "llama" else 2)
     return te_bytes.TE_NORM_FWD * rotated + rows, te_bytes.TE_NORM_BWD * rotated + rows
 
