@@ -18,6 +18,14 @@ def dp_words(setup) -> str:
     return f", dp {setup.data_parallel.dp}, {dataparallel.described(setup)}"
 
 
+def at_once_words(parallel_stages: int | None, stages: int) -> str:
+    """The title's note on stages that share the cores, or nothing when all compute at once."""
+    if not parallel_stages or parallel_stages >= stages:
+        return ""
+    verb = "stage computes" if parallel_stages == 1 else "stages compute"
+    return f", {parallel_stages} {verb} at once (shared cores)"
+
+
 def _layer_range(layers: list[str]) -> str:
     return layers[0] if len(layers) == 1 else f"{layers[0]}–{layers[-1]}"
 
@@ -116,8 +124,7 @@ def print_plan(plan, out: Path) -> None:
              f"{setup.pipeline.schedule}, {setup.training.optimizer} {setup.training.precision}{dp_words(setup)}, "
              f"scored for {setup.training.runtime}'s runtime"
              + (", whole-layer recompute only" if setup.training.recompute == "whole-layer" else ""))
-    if setup.pipeline.parallel_stages and setup.pipeline.parallel_stages < setup.pipeline.stages:
-        title += f", {setup.pipeline.parallel_stages} stages compute at once (shared cores)"
+    title += at_once_words(setup.pipeline.parallel_stages, setup.pipeline.stages)
     memory = ["peak", *(RESERVED_COLUMNS if cuda else []), "cap"]
     columns = ["stage", "layers", "#", "checkpointed", *memory, "peak / cap", "time/mb"]
     if narrow() or cuda:  # checkpointed layers as a count of the stage's, the bar as a percentage: 80
