@@ -91,3 +91,20 @@ def test_evaluate_and_solve_say_the_profiles_optimizer_in_place_of_the_runtimes(
         assert ("--optimizer-impl decoupled-adamw (the profile's): each layer's Adam step is timed as Composer"
                 in result.output) is said
         assert ("in place of the Adam step --runtime megatron runs" in result.output) is said
+
+
+def test_export_says_the_file_cannot_select_the_profiles_optimizer(tmp_path):
+    """No exported file selects Composer's DecoupledAdamW: the framework steps its own Adam, said as what it cannot
+    express (the figures beside it keep the profile's step); a fused profile's export says nothing of it."""
+    for impl, said in (("decoupled-adamw", True), ("fused", False)):
+        _, out = _profile(tmp_path, "--optimizer-impl", impl)
+        plan = tmp_path / f"plan-{impl}.json"
+        solved = CliRunner().invoke(cli, ["solve", "--profile", str(out), "--stages", "1", "--microbatches", "2",
+                                          "--precision", "bf16-mixed", "--runtime", "torchtitan", "--out", str(plan)])
+        assert solved.exit_code == 0, solved.output
+        result = CliRunner().invoke(cli, ["export", str(plan), "--to", "deepspeed",
+                                          "--out", str(tmp_path / f"{impl}.json")])
+        assert result.exit_code == 0, result.output
+        assert ("DeepSpeed cannot express: the profile's Adam step (--optimizer-impl decoupled-adamw: Composer"
+                in result.output) is said
+        assert ("the file steps DeepSpeed's own Adam" in result.output) is said
