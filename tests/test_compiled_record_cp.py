@@ -163,6 +163,10 @@ def test_the_cp_record_plays_only_at_its_degree():
     assert compiled_block.record(layer, "full", _setup()) == record
     assert compiled_block.record(layer, "full", _setup(cp=4)) is None
     assert compiled_block.record(layer, "full", _setup(cp=1)) is None
+    # the readings ran torch's all-gather rotater: torchtitan's alltoall rotation (--cp-comm p2p) is another program
+    assert compiled_block.settings_key(_setup(cp_comm="allgather")) == "async-tp,cp8,float8"
+    assert compiled_block.settings_key(_setup(cp_comm="p2p")) == "async-tp,cp8-p2p,float8"
+    assert compiled_block.record(layer, "full", _setup(cp_comm="p2p")) is None
 
 
 

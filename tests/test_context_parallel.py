@@ -236,6 +236,11 @@ def test_the_rings_memory_bound_time_reads_the_profiles_rate_and_the_compile():
     # a profile without classed rates: the eager mean
     plain = SimpleNamespace(assumptions={"membound_tbps": {"eager": rates["eager"]}})
     assert contextparallel.ring_membound_ms(block, 0, plain, megatron) == pytest.approx((fwd + bwd) / rates["eager"])
+    # each count is its library's ring: torch's alltoall rotation (torchtitan --cp-comm p2p) runs none of TE's copies,
+    # and TE's all-gather (megatron --cp-comm allgather) none of torch's merges; neither's ops read: nothing charged
+    assert contextparallel.ring_membound_ms(block, 0, profile, _cp_setup("torchtitan", 100.0, cp_comm="p2p",
+                                                                         runtime_version="9dec370")) == 0.0
+    assert contextparallel.ring_membound_ms(block, 0, profile, _cp_setup("megatron", 100.0, cp_comm="allgather")) == 0.0
 
 
 def test_transformer_engines_p2p_ring_bytes_by_hand():

@@ -75,3 +75,36 @@ def test_a_measured_profile_refuses_it_in_one_sentence(tmp_path):
                                       "decoupled-adamw", "--out", str(out)])
     assert result.exit_code != 0 and "--optimizer-impl applies to --arch/--arch-config profiles only" in result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+@pytest.mark.parametrize("command", ["evaluate", "solve"])
+def test_evaluate_and_solve_say_the_profiles_optimizer_in_place_of_the_runtimes(tmp_path, command):
+    """A step the runtime does not run is charged, and said: the option names the job's optimizer (the profile's),
+    and `--runtime megatron` steps its own FusedAdam; a fused profile says nothing."""
+    args = {"evaluate": ["--layers-per-stage", "3", "--ckpt-per-stage", "0"],
+            "solve": ["--stages", "1", "--out", str(tmp_path / "plan.json")]}[command]
+    for impl, said in (("decoupled-adamw", True), ("fused", False)):
+        _, out = _profile(tmp_path, "--optimizer-impl", impl)
+        result = CliRunner().invoke(cli, [command, "--profile", str(out), "--microbatches", "2", "--precision",
+                                          "bf16-mixed", "--runtime", "megatron", *args])
+        assert result.exit_code == 0, result.output
+        assert ("--optimizer-impl decoupled-adamw (the profile's): each layer's Adam step is timed as Composer"
+                in result.output) is said
+        assert ("in place of the Adam step --runtime megatron runs" in result.output) is said
+
+
+def test_export_says_the_file_cannot_select_the_profiles_optimizer(tmp_path):
+    """No exported file selects Composer's DecoupledAdamW: the framework steps its own Adam, said as what it cannot
+    express (the figures beside it keep the profile's step); a fused profile's export says nothing of it."""
+    for impl, said in (("decoupled-adamw", True), ("fused", False)):
+        _, out = _profile(tmp_path, "--optimizer-impl", impl)
+        plan = tmp_path / f"plan-{impl}.json"
+        solved = CliRunner().invoke(cli, ["solve", "--profile", str(out), "--stages", "1", "--microbatches", "2",
+                                          "--precision", "bf16-mixed", "--runtime", "torchtitan", "--out", str(plan)])
+        assert solved.exit_code == 0, solved.output
+        result = CliRunner().invoke(cli, ["export", str(plan), "--to", "deepspeed",
+                                          "--out", str(tmp_path / f"{impl}.json")])
+        assert result.exit_code == 0, result.output
+        assert ("DeepSpeed cannot express: the profile's Adam step (--optimizer-impl decoupled-adamw: Composer"
+                in result.output) is said
+        assert ("the file steps DeepSpeed's own Adam" in result.output) is said

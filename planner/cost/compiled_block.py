@@ -30,15 +30,18 @@ def settings_key(setup: TrainSetup) -> str:
     """The key the profile's compiled records are held by for this job (compiled_blocks.settings_key's form): "float8"
     for torchao's Float8 linears as eab345c runs them, which save their float8 input (the record's
     float8_saves_input, torchtitan 9dec370's: the records were read at eab345c), "float8-recast" for a torchao that
-    casts the saved bf16 input again in the backward (another program: no record read); "async-tp"."""
+    casts the saved bf16 input again in the backward (another program: no record read); "async-tp"; "cp<N>" under
+    context parallelism by torch's all-gather ring, the readings' ("cp<N>-<exchange>" for another: none read)."""
     settings = []
     record = runtimes.of(setup.training)
     if setup.training.float8 and record.float8 == "torchao":
         settings.append("float8" if record.float8_saves_input else "float8-recast")
     if setup.comm.tp_overlap == "async-tp":
         settings.append("async-tp")
-    if setup.comm.cp > 1:
-        settings.append(f"cp{setup.comm.cp}")
+    if setup.comm.cp > 1:  # the CP readings ran torch's all-gather rotater (scripts/compiled_block_cp.py): another
+        # exchange (--cp-comm p2p, torch's alltoall rotation) is another program in the graph, no record read for it
+        kind = contextparallel.comm_type(setup.training)
+        settings.append(f"cp{setup.comm.cp}" if kind == "allgather" else f"cp{setup.comm.cp}-{kind}")
     return ",".join(sorted(settings))
 
 

@@ -218,12 +218,15 @@ def ring_membound_ms(layer, option: int, profile, setup: TrainSetup) -> float:
     p2p ring (p2p_ring_bytes) at the elementwise class's eager rate where the profile has one (its kernels are
     plain copies and adds, run eagerly, and its merges each one compiled elementwise kernel of its own: the
     class's measured op is torch's relu-then-square on the H100, DyT on the B200), else the eager mean. 0
-    without context parallelism or a rate, and for the all-to-all (its reorders not read)."""
+    without context parallelism or a rate, and for the all-to-all (its reorders not read). Each count is its own
+    library's ring, the one the runtime's record runs by default (RuntimeFacts.cp_comm: "allgather" torch's
+    context_parallel, "p2p" TE's AttnFuncWithCPAndKVP2P): the other exchange a --cp-comm names in that library
+    (torch's alltoall rotation, TE's AttnFuncWithCPAndKVAllGather) runs other ops, not read: 0."""
     exchange = layer.context_parallel
     rates = profile.assumptions.get("membound_tbps")
     kind = comm_type(setup.training)
     if exchange is None or setup.training.context_parallel <= 1 or kind not in ("allgather", "p2p") \
-            or not isinstance(rates, dict):
+            or kind != runtimes.of(setup.training).cp_comm or not isinstance(rates, dict):
         return 0.0
     compiled = kind == "allgather" and bool(setup.training.compile) and runtimes.of(setup.training).compiles_model
     tbps = rates.get("fused" if compiled else "eager")
