@@ -24,14 +24,15 @@ class Scored:
 
 
 def for_job(config, *, gpus: int, global_batch: int, seq_len: int | None = None, gpu: str | None = None):
-    """(degrees, note) of a configuration adapted to this job's GPUs and batch: its tp, pp, ep,
+    """(degrees, note) of a configuration adapted to this job's GPUs and batch: its tp, cp, pp, ep,
     ZeRO and micro-batch size kept, data parallelism taking the GPUs, the microbatches the batch;
     UserError where it cannot be."""
     from planner.solve.degrees import Degrees
 
-    model_parallel = config.tp * config.pp
+    model_parallel = config.tp * config.cp * config.pp
     if gpus % model_parallel:
-        raise UserError(f"tp {config.tp} x pp {config.pp} does not divide {gpus} GPUs")
+        cp = f" x cp {config.cp}" if config.cp > 1 else ""
+        raise UserError(f"tp {config.tp}{cp} x pp {config.pp} does not divide {gpus} GPUs")
     dp = gpus // model_parallel
     if global_batch % (dp * config.micro_batch_size):
         raise UserError(f"the batch of {global_batch} does not split into dp {dp} x micro-batch "
@@ -47,11 +48,12 @@ def for_job(config, *, gpus: int, global_batch: int, seq_len: int | None = None,
         notes.append(f"published at {config.seq_len} tokens, run at {seq_len}")
     if gpu is not None and config.framework != "hand" and _gpu_name(config.gpu) != gpu:
         notes.append(f"published on {config.gpu}, run on {gpu}")
-    group = config.shard_group if config.shard_group and dp % config.shard_group == 0 else None
+    replicas = dp * config.cp  # the ranks holding the same weights, which ZeRO shards over (degrees.zero_choices)
+    group = config.shard_group if config.shard_group and replicas % config.shard_group == 0 else None
     degrees = Degrees(tp=config.tp, sp=config.sp, pp=config.pp, dp=dp, micro_batch_size=config.micro_batch_size,
                       microbatches=global_batch // (dp * config.micro_batch_size), schedule=config.schedule,
-                      chunks=config.chunks, zero=config.zero if dp > 1 else 0, shard_group=group,
-                      ep=config.ep)
+                      chunks=config.chunks, zero=config.zero if replicas > 1 else 0, shard_group=group,
+                      ep=config.ep, cp=config.cp)
     if config.ep > 1 and dp % config.ep:
         raise UserError(f"ep {config.ep} does not divide dp {dp}")
     return degrees, "; ".join(notes)
@@ -79,6 +81,7 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
         scored.degrees, scored.note = for_job(config, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=gpu)
         # its experts timed at its own expert parallelism (formulas.Shape.ep), as the search times its own
         scored.profile = profile_for(config.tp, config.sp, config.micro_batch_size,
+                                     **({"cp": config.cp} if config.cp > 1 else {}),
                                      **({"ep": config.ep} if config.ep > 1 else {}))
         scored.setup = jobsearch.job_setup(scored.profile, scored.degrees, options)
         scored.profile = float8_profile(scored.profile, scored.setup)  # --float8: its records applied
@@ -177,16 +180,13 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | No
                                                                                                   settings or {})
     if job.arch.router_aux_loss and not arch.router_aux_loss:  # a training loss, not the model: scored without it
         unmodelled.append("the router's aux loss (scored without it, as the searched model's router)")
-    if job.cp > 1:  # a Published record carries no CP degree: scored at CP 1, said (evaluate --from-* scores it)
-        unmodelled.append(f"context parallelism {job.cp} (scored at CP 1 here; `ckplan evaluate --from-"
-                          f"{job.framework}` scores it)")
     dp = job.dp_given if job.dp_given and job.dp_given > 0 else None
     batch = job.global_batch_size or (job.local_batch_size * dp if job.local_batch_size and dp else 0)
     shard_group = dp // job.dp_replicate if dp and job.dp_replicate > 1 else None
     return Published(name=f"{job.framework}: {job.source}", arch=arch.name, framework=job.framework,
                      gpus=job.world_size, gpu=gpu, seq_len=seq_len, global_batch=batch,
                      micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, pp=job.pp, schedule=job.schedule,
-                     chunks=job.chunks, zero=job.zero, shard_group=shard_group, ep=job.ep, recompute=recompute,
+                     chunks=job.chunks, zero=job.zero, shard_group=shard_group, ep=job.ep, cp=job.cp, recompute=recompute,
                      layers_per_stage=tuple(job.layers_per_stage) if job.layers_per_stage else None,
                      ckpt_per_stage=ckpt, op_level_sac=job.recompute.mode == "op", not_expressible=", ".join(unmodelled), source=str(job.source))
 

@@ -39,6 +39,8 @@ class Published:
     zero: int = 0
     shard_group: int | None = None
     ep: int = 1
+    cp: int = 1  # context parallel: each sequence over cp ranks (Megatron-LM's --context-parallel-size, torchtitan's
+    #              parallelism.context_parallel_degree), data parallelism taking what tp x cp x pp leaves
     recompute: Recompute = "full"
     layers_per_stage: tuple[int, ...] | None = None
     ckpt_per_stage: tuple[int, ...] | None = None  # checkpointed decoder layers per stage (first k)
