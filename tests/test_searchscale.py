@@ -39,3 +39,33 @@ def test_a_file_with_context_parallelism_is_compared_at_its_cp(tmp_path):
     assert compared["iteration_ms"] == pytest.approx(evaluated["iteration_ms"], rel=1e-12)
     assert compared["device_bytes_max"] == _device_bytes(evaluated)
     assert "context parallelism" not in (compared["note"] or "")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_file_is_compared_with_its_own_ddp_settings(tmp_path, overlap):
+    """Megatron-LM's DDP as the file sets it: without --overlap-grad-reduce the reductions run after the
+    last backward, exposed (Megatron-LM's default, evaluate's). main scored the file with the runtime
+    record's default, overlapped, whatever the file said: 5.925 ms against evaluate's 6.168 ms."""
+    args = MEGATRON_ARGS + ("  --overlap-grad-reduce: true\n" if overlap else "")
+    compared, evaluated = _compared_and_evaluated(tmp_path, args)
+    assert compared["iteration_ms"] == pytest.approx(evaluated["iteration_ms"], rel=1e-12)
+    assert compared["device_bytes_max"] == _device_bytes(evaluated)
+
+
+def test_a_file_is_compared_with_its_own_userbuffers_config(tmp_path):
+    """--tp-comm-overlap-cfg names one of Megatron-Bridge's userbuffers configs (its SMs and its GEMMs'
+    methods, planner/cost/ub_sms.py): the compared file runs it, as evaluate does (main gave every
+    configuration, the file's too, TE's defaults)."""
+    args = MEGATRON_ARGS.replace("--tensor-model-parallel-size: 1", "--tensor-model-parallel-size: 4\n"
+                                 "  --sequence-parallel: true\n  --tp-comm-overlap: true\n"
+                                 "  --tp-comm-overlap-cfg: userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192")
+    path = tmp_path / "megatron.yaml"
+    path.write_text(args)
+    searched = run_ok("search", "--arch-config", _tiny_config(tmp_path), *SHAPE, "--runtime", "megatron",
+                      "--tp-overlap", "tp-comm-overlap", "--top", "1", "--json", "--out", tmp_path / "p.yaml",
+                      "--from-megatron", path)
+    evaluated = json.loads(run_ok("evaluate", "--from-megatron", path, "--gpus", "8", "--json").stdout)
+    compared = json.loads(searched.stdout)["compared"][0]
+    assert compared["degrees"]["tp"] == 4
+    assert compared["iteration_ms"] == pytest.approx(evaluated["iteration_ms"], rel=1e-12)
+    assert compared["device_bytes_max"] == _device_bytes(evaluated)

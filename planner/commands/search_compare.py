@@ -79,6 +79,7 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
     scored = Scored(config)
     try:
         scored.degrees, scored.note = for_job(config, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=gpu)
+        options = own_settings(config, options, scored.degrees)
         # its experts timed at its own expert parallelism (formulas.Shape.ep), as the search times its own
         scored.profile = profile_for(config.tp, config.sp, config.micro_batch_size,
                                      **({"cp": config.cp} if config.cp > 1 else {}),
@@ -110,6 +111,21 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
         stages = costmodel.ranks_of(stages, scored.setup)
     scored.stages, scored.cost = stages, costmodel.evaluate(stages, scored.profile, scored.setup)
     return scored
+
+
+def own_settings(config, options, degrees):
+    """The search's options with a framework file's own DDP and userbuffers settings, as `evaluate --from-*`
+    scores them (evaluate_config._with_settings); one data-parallel rank (no cp) gathers nothing, as
+    evaluate_config._data_parallel has it."""
+    import dataclasses
+
+    ddp = dict(config.ddp)
+    if ddp.get("overlap_param_gather") and degrees.dp * degrees.cp == 1:
+        ddp["overlap_param_gather"] = False
+    if not ddp and config.ub_cfg is None and config.ub_gemms is None:
+        return options
+    return dataclasses.replace(options, data_parallel=options.data_parallel | ddp, ub_cfg=config.ub_cfg,
+                               ub_gemms=config.ub_gemms)
 
 
 def published_stages(profile, config, setup):
@@ -187,6 +203,7 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | No
                      gpus=job.world_size, gpu=gpu, seq_len=seq_len, global_batch=batch,
                      micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, pp=job.pp, schedule=job.schedule,
                      chunks=job.chunks, zero=job.zero, shard_group=shard_group, ep=job.ep, cp=job.cp, recompute=recompute,
+                     ddp=tuple(job.modelled.ddp.items()), ub_cfg=job.modelled.ub_cfg, ub_gemms=job.modelled.ub_gemms,
                      layers_per_stage=tuple(job.layers_per_stage) if job.layers_per_stage else None,
                      ckpt_per_stage=ckpt, op_level_sac=job.recompute.mode == "op", not_expressible=", ".join(unmodelled), source=str(job.source))
 

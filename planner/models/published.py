@@ -47,6 +47,12 @@ class Published:
     # the checkpointed blocks under torchtitan's op-level policy (a torchtitan file's selective_ac_option op),
     # scored so where the search is given --op-level-sac
     op_level_sac: bool = False
+    # a framework file's own settings, scored with it as `evaluate --from-*` scores them: Megatron-LM's DDP
+    # (DataParallelSetup's fields: overlap_grad_reduce, overlap_param_gather, bucket_params, ...) and TE's userbuffers
+    # config under --tp-comm-overlap (its name; a --tp-comm-overlap-cfg file's GEMMs)
+    ddp: tuple[tuple[str, object], ...] = ()
+    ub_cfg: str | None = None
+    ub_gemms: dict | None = None
     not_expressible: str = ""  # what the framework runs that ckplan's cost model does not charge
     source: str = ""
 
