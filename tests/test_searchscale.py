@@ -69,3 +69,27 @@ def test_a_file_is_compared_with_its_own_userbuffers_config(tmp_path):
     assert compared["degrees"]["tp"] == 4
     assert compared["iteration_ms"] == pytest.approx(evaluated["iteration_ms"], rel=1e-12)
     assert compared["device_bytes_max"] == _device_bytes(evaluated)
+
+
+def test_a_file_whose_vocabulary_megatron_pads_is_compared_on_its_padded_model(tmp_path):
+    """--vocab-size 8000 with Megatron-LM's default --make-vocab-size-divisible-by 128: the embedding and the
+    output layer hold 8,064 rows, as Megatron-Bridge's 70B file's 128,256 become 128,512 at TP 4. main refused
+    the file ("describes another model ... vocab_size 8064 against 8000") and searched nothing; the file is the
+    searched model, compared on its padded rows as evaluate scores it."""
+    args = MEGATRON_ARGS.replace("  --make-vocab-size-divisible-by: 8\n", "") + "  --overlap-grad-reduce: true\n"
+    compared, evaluated = _compared_and_evaluated(tmp_path, args)
+    assert compared["iteration_ms"] == pytest.approx(evaluated["iteration_ms"], rel=1e-12)
+    assert compared["device_bytes_max"] == _device_bytes(evaluated)
+
+
+def test_a_file_of_another_vocabulary_is_still_refused(tmp_path):
+    """A --vocab-size that is not the searched model's is another model, padded or not: one sentence, exit 1."""
+    from fixtures.cli import run
+
+    path = tmp_path / "megatron.yaml"
+    path.write_text(MEGATRON_ARGS.replace("--vocab-size: 8000", "--vocab-size: 7000"))
+    result = run("search", "--arch-config", _tiny_config(tmp_path), *SHAPE, "--runtime", "megatron", "--top", "1",
+                 "--out", tmp_path / "p.yaml", "--from-megatron", path)
+    assert result.exit_code == 1
+    assert "describes another model than the one searched (vocab_size 7000 against 8000)" in " ".join(
+        result.output.split())

@@ -186,7 +186,8 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | No
     searched = {k: v for k, v in dataclasses.asdict(arch).items() if k not in _ARCH_LABELS} | {
         "head_dim": arch.head_size}
     differ = [k for k in searched if mine.get(k) != searched[k]]
-    if differ:
+    padded = differ == ["vocab_size"] and job.vocab_unpadded == arch.vocab_size  # Megatron-LM's padding of it
+    if differ and not padded:
         key = differ[0]
         raise UserError(f"{job.source} describes another model than the one searched ({key} {mine.get(key)} "
                         f"against {searched[key]}); search that model, or compare a config of this one")
@@ -204,6 +205,7 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | No
                      micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, pp=job.pp, schedule=job.schedule,
                      chunks=job.chunks, zero=job.zero, shard_group=shard_group, ep=job.ep, cp=job.cp, recompute=recompute,
                      ddp=tuple(job.modelled.ddp.items()), ub_cfg=job.modelled.ub_cfg, ub_gemms=job.modelled.ub_gemms,
+                     model=job.arch if padded else None,
                      layers_per_stage=tuple(job.layers_per_stage) if job.layers_per_stage else None,
                      ckpt_per_stage=ckpt, op_level_sac=job.recompute.mode == "op", not_expressible=", ".join(unmodelled), source=str(job.source))
 

@@ -51,6 +51,9 @@ class Published:
     # (DataParallelSetup's fields: overlap_grad_reduce, overlap_param_gather, bucket_params, ...) and TE's userbuffers
     # config under --tp-comm-overlap (its name; a --tp-comm-overlap-cfg file's GEMMs)
     ddp: tuple[tuple[str, object], ...] = ()
+    # the file's own model where it is the searched one with its vocabulary padded as Megatron-LM pads it (a multiple
+    # of --make-vocab-size-divisible-by x TP): profiled as the file's, as evaluate profiles it; None: the searched one
+    model: object = None  # archs.Arch
     ub_cfg: str | None = None
     ub_gemms: dict | None = None
     not_expressible: str = ""  # what the framework runs that ckplan's cost model does not charge
