@@ -93,3 +93,18 @@ def test_a_file_of_another_vocabulary_is_still_refused(tmp_path):
     assert result.exit_code == 1
     assert "describes another model than the one searched (vocab_size 7000 against 8000)" in " ".join(
         result.output.split())
+
+
+@pytest.mark.parametrize("flag, said", [
+    ("--grad-reduce-in-bf16", "gradients reduced in bf16 (--grad-reduce-in-bf16) on (scored off, as the search)"),
+    ("--timing-log-level", "the timers' level (--timing-log-level) 2 (scored 0, as the search)"),
+])
+def test_a_file_setting_the_search_scores_otherwise_is_said(tmp_path, flag, said):
+    """A Megatron-LM flag the file sets and the search was not given is scored as the search scores every
+    configuration, and said (main said nothing of these: Megatron-Bridge's Qwen3 30B file's
+    --grad-reduce-in-bf16 beside a search without it was scored with fp32 gradients, unsaid)."""
+    path = tmp_path / "megatron.yaml"
+    path.write_text(MEGATRON_ARGS + f"  {flag}: {'2' if flag == '--timing-log-level' else 'true'}\n")
+    searched = run_ok("search", "--arch-config", _tiny_config(tmp_path), *SHAPE, "--runtime", "megatron", "--top",
+                      "1", "--json", "--out", tmp_path / "p.yaml", "--from-megatron", path)
+    assert said in json.loads(searched.stdout)["compared"][0]["note"]

@@ -215,6 +215,7 @@ def _settings_unsaid(modelled, searched: dict) -> list[str]:
     than the search scores every configuration (`searched`): said, not dropped."""
     loss = modelled.compile if modelled.compile_loss is None else modelled.compile_loss
     model_searched = searched.get("compile", False)
+    delayed = modelled.fp8_delayed_scaling and searched.get("fp8_delayed_scaling", False)  # both: their histories
     loss_searched = model_searched if searched.get("compile_loss") is None else searched["compile_loss"]
     found = [("torch.compile of the blocks", modelled.compile, model_searched),
              ("torch.compile of the loss", loss, loss_searched),
@@ -234,7 +235,24 @@ def _settings_unsaid(modelled, searched: dict) -> list[str]:
              ("deterministic mode", modelled.deterministic, searched.get("deterministic", False)),
              ("NCCL's Ring / Simple forced", modelled.nccl_ring_simple, searched.get("nccl_ring_simple", False)),
              ("NVLink SHARP turned off (NCCL_NVLS_ENABLE=0)", modelled.nccl_nvls_off,
-              searched.get("nccl_nvls_off", False))]
+              searched.get("nccl_nvls_off", False)),
+             ("gradients reduced in bf16 (--grad-reduce-in-bf16)", modelled.grad_reduce_bf16,
+              searched.get("grad_reduce_bf16", False)),
+             ("Transformer Engine's fused cross-entropy", modelled.te_cross_entropy,
+              searched.get("te_cross_entropy", False)),
+             ("Megatron's own fused cross-entropy", modelled.fused_cross_entropy,
+              searched.get("fused_cross_entropy", False)),
+             ("Megatron-core's local layers (--transformer-impl local)", modelled.local_layers,
+              searched.get("local_layers", False)),
+             ("Transformer Engine's grouped GEMM over the experts", modelled.te_grouped_gemm,
+              searched.get("te_grouped_gemm", False)),
+             ("the timers' level (--timing-log-level)", modelled.timing_log_level, searched.get("timing_log_level", 0)),
+             ("the amax reduced over TP only (--tp-only-amax-red)", modelled.fp8_amax_tp_only,
+              searched.get("fp8_amax_tp_only", False)),
+             ("the amax history's length", modelled.fp8_amax_history_len if delayed else 1,
+              (searched.get("fp8_amax_history_len") or 1) if delayed else 1),
+             ("chunked cross-entropy's chunks", modelled.chunked_cross_entropy or 0,
+              searched.get("chunked_cross_entropy") or 0)]
     return [f"{what} {_said(mine)} (scored {_said(theirs)}, as the search)" for what, mine, theirs in found
             if mine != theirs]
 
