@@ -108,3 +108,22 @@ def test_a_file_setting_the_search_scores_otherwise_is_said(tmp_path, flag, said
     searched = run_ok("search", "--arch-config", _tiny_config(tmp_path), *SHAPE, "--runtime", "megatron", "--top",
                       "1", "--json", "--out", tmp_path / "p.yaml", "--from-megatron", path)
     assert said in json.loads(searched.stdout)["compared"][0]["note"]
+
+
+@pytest.mark.parametrize("training, tp_overlap, left", [
+    ({}, "none", "torch.compile, Float8, AsyncTP"),
+    ({"compile": True, "float8": True}, "none", "AsyncTP"),
+    ({"compile": True, "float8": True}, "async-tp", ""),
+])
+def test_a_published_record_says_uncharged_only_what_the_search_leaves_uncharged(training, tp_overlap, left):
+    """torchtitan's 405B 1F1B record ran torch.compile, Float8 and AsyncTP: a search given --compile --float8
+    scores it compiled in Float8 (M15's record under the row's settings is evaluate's 19.6726 s to the digit),
+    so its note must not say "not charged: torch.compile, Float8", as main's did whatever the search was given."""
+    from planner.commands.search_compare import uncharged_said
+    from planner.models.published import PUBLISHED
+    from planner.solve.jobsearch import JobOptions
+
+    record = next(p for p in PUBLISHED if p.name == "torchtitan 405B 1F1B")
+    options = JobOptions(mem_cap_bytes=1, gpus_per_node=8, training=training, tp_overlap=tp_overlap)
+    assert uncharged_said(record, options).not_expressible == left
+    assert uncharged_said(record, options).name == record.name

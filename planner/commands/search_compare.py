@@ -76,7 +76,7 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
     from planner.solve import jobsearch, search
     from planner.solve.deadline import Deadline
 
-    scored = Scored(config)
+    scored = Scored(uncharged_said(config, options))
     try:
         scored.degrees, scored.note = for_job(config, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=gpu)
         options = own_settings(config, options, scored.degrees)
@@ -111,6 +111,28 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
         stages = costmodel.ranks_of(stages, scored.setup)
     scored.stages, scored.cost = stages, costmodel.evaluate(stages, scored.profile, scored.setup)
     return scored
+
+
+# what a published record says its run ran and ckplan does not charge, against the search's setting that charges it
+_CHARGED_BY = {"torch.compile": lambda options: bool(options.training.get("compile")),
+               "Float8": lambda options: bool(options.training.get("float8")),
+               "AsyncTP": lambda options: options.tp_overlap == "async-tp"}
+
+
+def uncharged_said(config, options):
+    """A published record whose `not_expressible` names only what the search's settings leave uncharged: its
+    torch.compile, Float8 or AsyncTP are charged where the search was given --compile, --float8 or --tp-overlap
+    async-tp, since every configuration, the published ones too, is scored with them. Records read from a
+    framework's file say what they say already (from_framework_job)."""
+    import dataclasses
+
+    from planner.models.published import PUBLISHED
+
+    if config not in PUBLISHED or not config.not_expressible:
+        return config
+    items = [item for item in config.not_expressible.split(", ")
+             if not (item in _CHARGED_BY and _CHARGED_BY[item](options))]
+    return dataclasses.replace(config, not_expressible=", ".join(items))
 
 
 def own_settings(config, options, degrees):
