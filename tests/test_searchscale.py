@@ -127,3 +127,14 @@ def test_a_published_record_says_uncharged_only_what_the_search_leaves_uncharged
     options = JobOptions(mem_cap_bytes=1, gpus_per_node=8, training=training, tp_overlap=tp_overlap)
     assert uncharged_said(record, options).not_expressible == left
     assert uncharged_said(record, options).name == record.name
+
+
+def test_the_search_says_every_setting_it_scored_with(tmp_path):
+    """Megatron-Bridge's settings given to the search are each said beside --float8 (main's line and JSON named
+    --float8 and --fp8-all-gather alone, its DEFAULTS knowing no other, though every one was charged)."""
+    result = run_ok("search", "--arch-config", _tiny_config(tmp_path), *SHAPE, "--runtime", "megatron", "--top", "1",
+                    "--out", tmp_path / "p.yaml", "--grad-reduce-in-bf16", "--te-cross-entropy", "--nccl-nvls-off",
+                    "--timing-log-level", "1")
+    said = " ".join(result.output.split())
+    assert ("every configuration scored with --timing-log-level 1 --grad-reduce-in-bf16 --te-cross-entropy "
+            "--nccl-nvls-off") in said
