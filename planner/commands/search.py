@@ -192,7 +192,9 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=deadline)
     compared = search_report.compared(model.arch_name if compare else None, hand, gpus=gpus, global_batch=global_batch,
                                       options=options, profile_for=profile_for, seq_len=seq_len, gpu=device.name,
-                                      imported=imported)
+                                      imported=imported, profile_for_model=lambda arch: _Model(
+                                          arch=arch, ref=model.ref).profile_for(
+                                          device, seq_len, compiled=settings.compile_model, compiled_loss=loss_compiled))
     report = search_report.Report(outcome, compared, job=job, options=options, gpu=device, arch=model.arch,
                                   seq_len=seq_len, global_batch=global_batch, out=out if outcome.ranked else None)
     if outcome.ranked:

@@ -24,14 +24,15 @@ class Scored:
 
 
 def for_job(config, *, gpus: int, global_batch: int, seq_len: int | None = None, gpu: str | None = None):
-    """(degrees, note) of a configuration adapted to this job's GPUs and batch: its tp, pp, ep,
+    """(degrees, note) of a configuration adapted to this job's GPUs and batch: its tp, cp, pp, ep,
     ZeRO and micro-batch size kept, data parallelism taking the GPUs, the microbatches the batch;
     UserError where it cannot be."""
     from planner.solve.degrees import Degrees
 
-    model_parallel = config.tp * config.pp
+    model_parallel = config.tp * config.cp * config.pp
     if gpus % model_parallel:
-        raise UserError(f"tp {config.tp} x pp {config.pp} does not divide {gpus} GPUs")
+        cp = f" x cp {config.cp}" if config.cp > 1 else ""
+        raise UserError(f"tp {config.tp}{cp} x pp {config.pp} does not divide {gpus} GPUs")
     dp = gpus // model_parallel
     if global_batch % (dp * config.micro_batch_size):
         raise UserError(f"the batch of {global_batch} does not split into dp {dp} x micro-batch "
@@ -47,11 +48,12 @@ def for_job(config, *, gpus: int, global_batch: int, seq_len: int | None = None,
         notes.append(f"published at {config.seq_len} tokens, run at {seq_len}")
     if gpu is not None and config.framework != "hand" and _gpu_name(config.gpu) != gpu:
         notes.append(f"published on {config.gpu}, run on {gpu}")
-    group = config.shard_group if config.shard_group and dp % config.shard_group == 0 else None
+    replicas = dp * config.cp  # the ranks holding the same weights, which ZeRO shards over (degrees.zero_choices)
+    group = config.shard_group if config.shard_group and replicas % config.shard_group == 0 else None
     degrees = Degrees(tp=config.tp, sp=config.sp, pp=config.pp, dp=dp, micro_batch_size=config.micro_batch_size,
                       microbatches=global_batch // (dp * config.micro_batch_size), schedule=config.schedule,
-                      chunks=config.chunks, zero=config.zero if dp > 1 else 0, shard_group=group,
-                      ep=config.ep)
+                      chunks=config.chunks, zero=config.zero if replicas > 1 else 0, shard_group=group,
+                      ep=config.ep, cp=config.cp)
     if config.ep > 1 and dp % config.ep:
         raise UserError(f"ep {config.ep} does not divide dp {dp}")
     return degrees, "; ".join(notes)
@@ -74,11 +76,13 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
     from planner.solve import jobsearch, search
     from planner.solve.deadline import Deadline
 
-    scored = Scored(config)
+    scored = Scored(uncharged_said(config, options))
     try:
         scored.degrees, scored.note = for_job(config, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=gpu)
+        options = own_settings(config, options, scored.degrees)
         # its experts timed at its own expert parallelism (formulas.Shape.ep), as the search times its own
         scored.profile = profile_for(config.tp, config.sp, config.micro_batch_size,
+                                     **({"cp": config.cp} if config.cp > 1 else {}),
                                      **({"ep": config.ep} if config.ep > 1 else {}))
         scored.setup = jobsearch.job_setup(scored.profile, scored.degrees, options)
         scored.profile = float8_profile(scored.profile, scored.setup)  # --float8: its records applied
@@ -107,6 +111,43 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
         stages = costmodel.ranks_of(stages, scored.setup)
     scored.stages, scored.cost = stages, costmodel.evaluate(stages, scored.profile, scored.setup)
     return scored
+
+
+# what a published record says its run ran and ckplan does not charge, against the search's setting that charges it
+_CHARGED_BY = {"torch.compile": lambda options: bool(options.training.get("compile")),
+               "Float8": lambda options: bool(options.training.get("float8")),
+               "AsyncTP": lambda options: options.tp_overlap == "async-tp"}
+
+
+def uncharged_said(config, options):
+    """A published record whose `not_expressible` names only what the search's settings leave uncharged: its
+    torch.compile, Float8 or AsyncTP are charged where the search was given --compile, --float8 or --tp-overlap
+    async-tp, since every configuration, the published ones too, is scored with them. Records read from a
+    framework's file say what they say already (from_framework_job)."""
+    import dataclasses
+
+    from planner.models.published import PUBLISHED
+
+    if config not in PUBLISHED or not config.not_expressible:
+        return config
+    items = [item for item in config.not_expressible.split(", ")
+             if not (item in _CHARGED_BY and _CHARGED_BY[item](options))]
+    return dataclasses.replace(config, not_expressible=", ".join(items))
+
+
+def own_settings(config, options, degrees):
+    """The search's options with a framework file's own DDP and userbuffers settings, as `evaluate --from-*`
+    scores them (evaluate_config._with_settings); one data-parallel rank (no cp) gathers nothing, as
+    evaluate_config._data_parallel has it."""
+    import dataclasses
+
+    ddp = dict(config.ddp)
+    if ddp.get("overlap_param_gather") and degrees.dp * degrees.cp == 1:
+        ddp["overlap_param_gather"] = False
+    if not ddp and config.ub_cfg is None and config.ub_gemms is None:
+        return options
+    return dataclasses.replace(options, data_parallel=options.data_parallel | ddp, ub_cfg=config.ub_cfg,
+                               ub_gemms=config.ub_gemms)
 
 
 def published_stages(profile, config, setup):
@@ -167,7 +208,8 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | No
     searched = {k: v for k, v in dataclasses.asdict(arch).items() if k not in _ARCH_LABELS} | {
         "head_dim": arch.head_size}
     differ = [k for k in searched if mine.get(k) != searched[k]]
-    if differ:
+    padded = differ == ["vocab_size"] and job.vocab_unpadded == arch.vocab_size  # Megatron-LM's padding of it
+    if differ and not padded:
         key = differ[0]
         raise UserError(f"{job.source} describes another model than the one searched ({key} {mine.get(key)} "
                         f"against {searched[key]}); search that model, or compare a config of this one")
@@ -177,16 +219,15 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | No
                                                                                                   settings or {})
     if job.arch.router_aux_loss and not arch.router_aux_loss:  # a training loss, not the model: scored without it
         unmodelled.append("the router's aux loss (scored without it, as the searched model's router)")
-    if job.cp > 1:  # a Published record carries no CP degree: scored at CP 1, said (evaluate --from-* scores it)
-        unmodelled.append(f"context parallelism {job.cp} (scored at CP 1 here; `ckplan evaluate --from-"
-                          f"{job.framework}` scores it)")
     dp = job.dp_given if job.dp_given and job.dp_given > 0 else None
     batch = job.global_batch_size or (job.local_batch_size * dp if job.local_batch_size and dp else 0)
     shard_group = dp // job.dp_replicate if dp and job.dp_replicate > 1 else None
     return Published(name=f"{job.framework}: {job.source}", arch=arch.name, framework=job.framework,
                      gpus=job.world_size, gpu=gpu, seq_len=seq_len, global_batch=batch,
                      micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, pp=job.pp, schedule=job.schedule,
-                     chunks=job.chunks, zero=job.zero, shard_group=shard_group, ep=job.ep, recompute=recompute,
+                     chunks=job.chunks, zero=job.zero, shard_group=shard_group, ep=job.ep, cp=job.cp, recompute=recompute,
+                     ddp=tuple(job.modelled.ddp.items()), ub_cfg=job.modelled.ub_cfg, ub_gemms=job.modelled.ub_gemms,
+                     model=job.arch if padded else None,
                      layers_per_stage=tuple(job.layers_per_stage) if job.layers_per_stage else None,
                      ckpt_per_stage=ckpt, op_level_sac=job.recompute.mode == "op", not_expressible=", ".join(unmodelled), source=str(job.source))
 
@@ -196,6 +237,7 @@ def _settings_unsaid(modelled, searched: dict) -> list[str]:
     than the search scores every configuration (`searched`): said, not dropped."""
     loss = modelled.compile if modelled.compile_loss is None else modelled.compile_loss
     model_searched = searched.get("compile", False)
+    delayed = modelled.fp8_delayed_scaling and searched.get("fp8_delayed_scaling", False)  # both: their histories
     loss_searched = model_searched if searched.get("compile_loss") is None else searched["compile_loss"]
     found = [("torch.compile of the blocks", modelled.compile, model_searched),
              ("torch.compile of the loss", loss, loss_searched),
@@ -215,7 +257,24 @@ def _settings_unsaid(modelled, searched: dict) -> list[str]:
              ("deterministic mode", modelled.deterministic, searched.get("deterministic", False)),
              ("NCCL's Ring / Simple forced", modelled.nccl_ring_simple, searched.get("nccl_ring_simple", False)),
              ("NVLink SHARP turned off (NCCL_NVLS_ENABLE=0)", modelled.nccl_nvls_off,
-              searched.get("nccl_nvls_off", False))]
+              searched.get("nccl_nvls_off", False)),
+             ("gradients reduced in bf16 (--grad-reduce-in-bf16)", modelled.grad_reduce_bf16,
+              searched.get("grad_reduce_bf16", False)),
+             ("Transformer Engine's fused cross-entropy", modelled.te_cross_entropy,
+              searched.get("te_cross_entropy", False)),
+             ("Megatron's own fused cross-entropy", modelled.fused_cross_entropy,
+              searched.get("fused_cross_entropy", False)),
+             ("Megatron-core's local layers (--transformer-impl local)", modelled.local_layers,
+              searched.get("local_layers", False)),
+             ("Transformer Engine's grouped GEMM over the experts", modelled.te_grouped_gemm,
+              searched.get("te_grouped_gemm", False)),
+             ("the timers' level (--timing-log-level)", modelled.timing_log_level, searched.get("timing_log_level", 0)),
+             ("the amax reduced over TP only (--tp-only-amax-red)", modelled.fp8_amax_tp_only,
+              searched.get("fp8_amax_tp_only", False)),
+             ("the amax history's length", modelled.fp8_amax_history_len if delayed else 1,
+              (searched.get("fp8_amax_history_len") or 1) if delayed else 1),
+             ("chunked cross-entropy's chunks", modelled.chunked_cross_entropy or 0,
+              searched.get("chunked_cross_entropy") or 0)]
     return [f"{what} {_said(mine)} (scored {_said(theirs)}, as the search)" for what, mine, theirs in found
             if mine != theirs]
 

@@ -69,15 +69,18 @@ def scored_row(scored) -> Row:
                source=config.source)
 
 
-def compared(arch_name, hand, *, gpus, global_batch, options, profile_for, seq_len, gpu, imported=()) -> list:
+def compared(arch_name, hand, *, gpus, global_batch, options, profile_for, seq_len, gpu, imported=(),
+             profile_for_model=None) -> list:
     """The published configurations of the model (with --compare), the hand one and `imported`
     ones, scored. `imported`: configurations read from a framework's own files
     (`--from-megatron ARGS`, `--from-torchtitan TOML`), as Published records
-    (search_compare.from_framework_job)."""
+    (search_compare.from_framework_job); one that carries its own model (Megatron-LM's padded
+    vocabulary) is profiled by `profile_for_model(model)`."""
     from planner.commands import search_compare
 
     configs = search_compare.matching(arch_name) + ([hand] if hand is not None else []) + list(imported)
-    return [search_compare.score(c, gpus=gpus, global_batch=global_batch, options=options, profile_for=profile_for,
+    return [search_compare.score(c, gpus=gpus, global_batch=global_batch, options=options,
+                                 profile_for=profile_for if c.model is None else profile_for_model(c.model),
                                  time_limit_s=60.0, seq_len=seq_len, gpu=gpu) for c in configs]
 
 

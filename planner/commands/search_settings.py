@@ -157,10 +157,21 @@ DEFAULTS = {"runtime_version": None, "compile": False, "compile_loss": None, "op
             "mtp_layers": 0, "expert_tp": None, "tp_overlap": "none", "expandable_segments": None}
 
 
+# the options whose flag is not the setting's name spelled with dashes
+FLAGS = {"grad_reduce_bf16": "--grad-reduce-in-bf16", "unfused_grad_accumulation": "--no-gradient-accumulation-fusion",
+         "deterministic": "--deterministic-mode", "fp8_amax_tp_only": "--fp8-tp-only-amax-red",
+         "context_parallel": "--cp"}
+
+
 def stated(training: dict, tp_overlap: str) -> dict:
-    """The settings given otherwise than their defaults (what the search's output says it scored)."""
+    """The settings given otherwise than their defaults (what the search's output says it scored): every
+    TrainingSetup field's default where DEFAULTS has none, so Megatron-LM's flags (--grad-reduce-in-bf16,
+    --te-cross-entropy, --nccl-nvls-off, --fp8-current-scaling ...) are said as --float8 is."""
+    from planner.schema.setup import TrainingSetup
+
+    defaults = {name: field.default for name, field in TrainingSetup.model_fields.items()} | DEFAULTS
     given = training | {"tp_overlap": tp_overlap}
-    return {name: value for name, value in given.items() if DEFAULTS.get(name, value) != value}
+    return {name: value for name, value in given.items() if defaults.get(name, value) != value}
 
 
 def spelled(settings: dict) -> str:
@@ -178,6 +189,6 @@ def spelled(settings: dict) -> str:
         if name == "expandable_segments":
             words.append("--expandable-segments" if value else "--no-expandable-segments")
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = FLAGS.get(name, "--" + name.replace("_", "-"))
         words.append(flag if value is True else f"{flag} {value}")
     return " ".join(words)

@@ -39,12 +39,23 @@ class Published:
     zero: int = 0
     shard_group: int | None = None
     ep: int = 1
+    cp: int = 1  # context parallel: each sequence over cp ranks (Megatron-LM's --context-parallel-size, torchtitan's
+    #              parallelism.context_parallel_degree), data parallelism taking what tp x cp x pp leaves
     recompute: Recompute = "full"
     layers_per_stage: tuple[int, ...] | None = None
     ckpt_per_stage: tuple[int, ...] | None = None  # checkpointed decoder layers per stage (first k)
     # the checkpointed blocks under torchtitan's op-level policy (a torchtitan file's selective_ac_option op),
     # scored so where the search is given --op-level-sac
     op_level_sac: bool = False
+    # a framework file's own settings, scored with it as `evaluate --from-*` scores them: Megatron-LM's DDP
+    # (DataParallelSetup's fields: overlap_grad_reduce, overlap_param_gather, bucket_params, ...) and TE's userbuffers
+    # config under --tp-comm-overlap (its name; a --tp-comm-overlap-cfg file's GEMMs)
+    ddp: tuple[tuple[str, object], ...] = ()
+    # the file's own model where it is the searched one with its vocabulary padded as Megatron-LM pads it (a multiple
+    # of --make-vocab-size-divisible-by x TP): profiled as the file's, as evaluate profiles it; None: the searched one
+    model: object = None  # archs.Arch
+    ub_cfg: str | None = None
+    ub_gemms: dict | None = None
     not_expressible: str = ""  # what the framework runs that ckplan's cost model does not charge
     source: str = ""
 

@@ -62,8 +62,13 @@ class JobOptions:
     # context_parallel is each configuration's own, and cp_comm applies where it is above 1)
     training: dict = field(default_factory=dict)
     tp_overlap: str = "none"  # CommSetup's: the runtime setting that overlaps the TP collectives
-    # DataParallelSetup's fields every configuration gets (DeepSpeed's stage3_* and reduce_bucket_size knobs)
+    # DataParallelSetup's fields every configuration gets (DeepSpeed's stage3_* and reduce_bucket_size knobs; a
+    # framework file's DDP settings where it is scored: commands/search_compare.py)
     data_parallel: dict = field(default_factory=dict)
+    # TE's userbuffers config under tp-comm-overlap (planner/cost/ub_sms.py): None, TE's defaults, for the search's
+    # own configurations; a framework file's --tp-comm-overlap-cfg (its name, its GEMMs read) where it is scored
+    ub_cfg: str | None = None
+    ub_gemms: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -136,9 +141,10 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
     if degrees.tp > 1:
         fields.update(tp_overlap=options.tp_overlap)
     if degrees.tp > 1 and profile.device.type == "cuda":
-        # TE's userbuffers' SMs under tp-comm-overlap (TE's default config: search takes no --tp-comm-overlap-cfg),
-        # as comm_setup.comm_fields sets them for evaluate and solve
-        fields.update(ub_sms.setup_fields(dataparallel.profile_gpu(profile), options.tp_overlap))
+        # TE's userbuffers' SMs under tp-comm-overlap (TE's default config: search takes no --tp-comm-overlap-cfg;
+        # a compared file's own), as comm_setup.comm_fields sets them for evaluate and solve
+        fields.update(ub_sms.setup_fields(dataparallel.profile_gpu(profile), options.tp_overlap,
+                                          config=options.ub_cfg, gemms=options.ub_gemms))
     if degrees.tp > 1 and options.tp_overlap == "async-tp" and profile.device.type == "cuda":
         # AsyncTP's peer copies at the copy engines' rate, as comm_setup.comm_fields sets it
         fields.update(copy_engines.tp_copy_fields(dataparallel.profile_gpu(profile).name, tp=degrees.tp,

@@ -123,6 +123,7 @@ class Job:
     seq_len: int
     micro_batch_size: int
     attention: Literal["flash", "eager"] = "flash"  # eager: the s x s scores kept (an unfused kernel)
+    vocab_unpadded: int | None = None  # Megatron-LM: --vocab-size before its padding to a multiple of TP x 128
     global_batch_size: int | None = None  # sequences per iteration over all data-parallel ranks
     local_batch_size: int | None = None  # torchtitan: sequences per data-parallel rank per step
     tp: int = 1

@@ -91,14 +91,14 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str, files: dict[str, 
     if any(flag == "--deepspeed" for flag, _ in pairs):  # Megatron-DeepSpeed's own model flags
         pairs, translated = megatron_lm_flags(pairs)
     flags = Flags(pairs, sink)
-    arch, seq_len = _arch(flags, where)
+    arch, seq_len, vocab = _arch(flags, where)
     backend = flags.take("--attention-backend", "attention kernel (unfused, local: the s x s scores kept)", str, "auto")
     # --transformer-impl local builds get_gpt_layer_local_spec, whose core attention is LocalSpecProvider's
     # DotProductAttention (gpt_builders.py 109-147, megatron/core/models/backends.py 129-131 at d98e8a64): the
     # s x s scores kept whatever --attention-backend says (the flag itself taken and listed in _settings)
     local = flags.given.get("--transformer-impl") == ["local"]
     mbs = positive("--micro-batch-size", flags.take("--micro-batch-size", "sequences per microbatch", int, 1))
-    job = Job(framework="megatron", source=where, arch=arch, seq_len=seq_len, micro_batch_size=mbs,
+    job = Job(framework="megatron", source=where, arch=arch, seq_len=seq_len, micro_batch_size=mbs, vocab_unpadded=vocab,
               attention="eager" if backend in EAGER_BACKENDS or local else "flash")
     job.global_batch_size = positive("--global-batch-size",
                                       flags.take("--global-batch-size", "sequences per iteration", int))
@@ -121,7 +121,7 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str, files: dict[str, 
     return job
 
 
-def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
+def _arch(flags: Flags, where: str) -> tuple[Arch, int, int]:
     def need(flag: str, what: str) -> int:
         value = flags.take(flag, what, int)
         if value is None:
@@ -218,7 +218,7 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
         raise UserError(f"{where}: the model flags do not describe a model ({exc})") from None
     if heads % kv:
         raise UserError(f"--num-query-groups {kv} does not divide --num-attention-heads {heads}; give a divisor")
-    return arch, seq_len
+    return arch, seq_len, vocab  # the vocabulary before Megatron-LM's padding too
 
 
 def _learned_positions(flags: Flags, seq_len: int) -> int | None:
