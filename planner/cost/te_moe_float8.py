@@ -59,7 +59,7 @@ def saved_inputs(profile: Profile) -> dict | None:
     shape = profile.assumptions
     if shape.get("tp", 1) > 1 and shape.get("sp", False):
         return None
-    fc1_bf16, fc2_bf16 = found["mcore"][3], found["mcore"][-1]  # S x h x 2 (linear_fc1's input), S x f x 2
+    fc1_bf16, fc2_bf16 = found["fc1_in"], found["mcore"][-1]  # S x h x 2 (linear_fc1's input), S x f x 2
     return {"norm_bf16": dense["norm_bf16"], "norm": dense["norm_rows"], "attn_out": dense["attn_out"],
             "proj": dense["proj"], "fc1_bf16": fc1_bf16, "fc1": fc1_bf16 // 2, "fc2_bf16": fc2_bf16,
             "fc2": fc2_bf16 // 2}
