@@ -106,7 +106,7 @@ def test_the_fp8_saved_inputs_by_hand():
     profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
     tensors = cost_fp8.saved_inputs(profile)
     assert tensors == {"norm_bf16": 2 * T * h, "norm": T * h, "attn_out": 2 * T * q, "proj": T * q,
-                       "fc1_bf16": 2 * S * h, "fc1": S * h, "fc2_bf16": 2 * S * f, "fc2": S * f}
+                       "fc1_bf16": 2 * S * h, "fc1": S * h, "fc2_bf16": 2 * S * f, "fc2": S * f, "router": 3}
     assert cost_fp8.saved_inputs_delta(tensors) == -T * h + T * q - S * h - S * f == -10240
 
 
@@ -142,6 +142,28 @@ def test_under_megatrons_float8_a_moe_block_keeps_its_inputs_in_fp8():
         count = sum(1 for c in [*record.forward, *record.backward] if c > 0)
         freed = {-c for c in [*record.forward, *record.backward] if c < 0}
         assert set(range(1, count + 1)) - freed == {record.output, record.input_grad}
+
+
+def test_with_the_aux_loss_kept_the_fp8_inputs_are_still_found():
+    # the aux loss's intermediate and counts sit between the top-k's tensors and fc1's input (5 router tensors, not
+    # 3): the FP8 edits must still find the norm and the attention output before them (E2 lost them: its replay kept
+    # the bf16 inputs, 3.4 GiB over its own count)
+    from dataclasses import replace
+
+    aux = analytic.analytic_profile(replace(TINY, name="tiny-moe-fp8-aux", router_aux_loss=True), SHAPE, gpu=H100,
+                                    model=REF)
+    assert cost_fp8.saved_inputs(aux)["router"] == 5
+    bf16, after = float8_profile(aux, _setup(float8=False)), float8_profile(aux, _setup(float8=True))
+    for old, new in zip(bf16.layers, after.layers, strict=True):
+        if old.kind != "moe_block":
+            continue
+        made_old = [c for c in old.alloc_records["none"].forward if c > 0]
+        made = [c for c in new.alloc_records["none"].forward if c > 0]
+        attention, mixture = [2 * T * h, 4 * T, 2 * T * h], [4 * T * 8, T * 8, 4 * T * 8, 8 * 8, 4 * S]
+        assert _holds(made_old, [2 * T * q, *attention, *mixture, 2 * S * h, 2 * S * 2 * f, 2 * S * f])
+        assert made[1] == T * h
+        assert _holds(made, [2 * T * q, T * q, *attention, *mixture, S * h, 2 * S * 2 * f, 2 * S * f, S * f])
+        assert sum(made) == sum(made_old) - 10240 + 2 * S * f
 
 
 def _holds(sizes: list[int], run: list[int]) -> bool:

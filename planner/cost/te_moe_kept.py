@@ -49,7 +49,7 @@ def mixtures(profile: Profile, record=None) -> dict | None:
     analytic_kept.moe_terms's order) and as Megatron-core keeps it under `record`'s TE (`mcore`, without moe_act;
     no record: TE v2.13 on's fp32 intermediates), and what the activation's recompute frees in each
     (`act_generic`: the SiLU output and the product; `act_mcore`: linear_fc2's input, and the clamp's cat), and
-    linear_fc1's input (`fc1_in`); None where the profile is not analytic, has no MoE blocks, or their shared
+    linear_fc1's input (`fc1_in`) and how many router tensors come before it (`router`); None where the profile is not analytic, has no MoE blocks, or their shared
     experts are gated (not read). Shared experts follow the routed ones in both runs."""
     dims = te_kept._dims(profile)
     if dims is None:
@@ -76,7 +76,7 @@ def mixtures(profile: Profile, record=None) -> dict | None:
         generic += shared_generic(T, shared, d)
         mcore += shared_mcore(T, shared, d)
     return {"generic": generic, "mcore": mcore, "act_generic": 2 * S * f * d,
-            "act_mcore": S * f * d + (2 * S * f * d if clamped else 0), "fc1_in": S * h * d}
+            "act_mcore": S * f * d + (2 * S * f * d if clamped else 0), "fc1_in": S * h * d, "router": 3 + len(aux)}
 
 
 def shared_generic(tokens: int, width: int, d: int) -> list[int]:
