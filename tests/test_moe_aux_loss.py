@@ -96,3 +96,24 @@ def test_the_cli_lists_the_z_loss_as_not_modelled(tmp_path):
     assert result.exit_code == 0, result.output
     assert "--moe-z-loss-coeff" in result.output.split("not modelled", 1)[1]
     assert "Traceback" not in result.output
+
+
+def test_the_router_dtype_is_said_and_fp64_beside_the_fusion_refused(tmp_path):
+    # unset: the input's dtype, what ckplan charges (nothing said); fp32: its tensors over tokens x experts are
+    # charged in bf16, so not modelled; on a dense model no router runs
+    assert all(s.name != "--moe-router-dtype" for s in megatron.from_pairs(TINY, "t.sh").settings)
+    fp32 = megatron.from_pairs(TINY + [("--moe-router-dtype", ["fp32"])], "t.sh")
+    assert _said(fp32, "--moe-router-dtype") == ("--moe-router-dtype", "fp32", "not modelled")
+    dense = [pair for pair in TINY if pair[0] not in ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size")]
+    assert _said(megatron.from_pairs(dense + [("--moe-router-dtype", ["fp32"])], "t.sh"),
+                 "--moe-router-dtype")[2] == "no effect"
+    # fp64 without the fusion runs Megatron's eager top-k: not modelled; beside it TE's fused top-k raises
+    fp64 = megatron.from_pairs(TINY + [("--moe-router-dtype", ["fp64"])], "t.sh")
+    assert _said(fp64, "--moe-router-dtype")[2] == "not modelled"
+    for extra, said in (("--moe-router-dtype fp64 --moe-router-fusion", "raises on float64 logits"),
+                        ("--moe-router-dtype bf16", "'bf16' is not one of Megatron-LM's (fp32, fp64)")):
+        script = tmp_path / "train.sh"
+        script.write_text("torchrun pretrain_gpt.py " + " ".join(f"{flag} {' '.join(values)}" for flag, values in TINY)
+                          + f" {extra} --micro-batch-size 1 --global-batch-size 8\n")
+        result = CliRunner().invoke(cli, ["evaluate", "--from-megatron", str(script), "--gpus", "8", "--gpu", "h100"])
+        assert result.exit_code != 0 and said in result.output and "Traceback" not in result.output

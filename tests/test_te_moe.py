@@ -22,15 +22,18 @@ SHAPE = Shape(seq_len=32, micro_batch_size=2)  # T 64 tokens, S 128 copies
 def test_the_fused_routers_and_permutations_bytes_by_hand():
     T, h, E, S, f = 64, 64, 8, 128, 32
     TE, Th, Sh, Sf = T * E, T * h, S * h, S * f  # 512, 4096, 8192, 4096
-    router = 9 * TE  # logits read, probs, map and fp32 intermediate written; backward the same size
+    # TE v2.9's fused top-k (router.cpp 42-47, 77-78): logits read (2), probs (2), map (1) and the intermediate in
+    # the logits' dtype (2) written; backward the map, the intermediate and the probs' gradient read, the logits'
+    # gradient (the intermediate's dtype) written: 7 a (token, expert) each way, not fp32's 9
+    router = (2 + 2 + 1 + 2) * TE
     permute_fwd = 5 * TE + 2 * Th + 2 * Sh + 2 * TE + 2 * S + 4 * TE  # row map made, rows, probs, row map read
     unpermute_fwd = 2 * Sh + 2 * Th + 4 * TE
     activation_fwd = 6 * Sf + 2 * S
-    assert te_moe.routed_bytes(TINY, SHAPE)[0] == router + permute_fwd + activation_fwd + unpermute_fwd == 86528
+    assert te_moe.routed_bytes(TINY, SHAPE)[0] == router + permute_fwd + activation_fwd + unpermute_fwd == 85504
     permute_bwd = 2 * Sh + 2 * Th + 4 * TE + 2 * S + 2 * TE
     unpermute_bwd = 2 * Th + 2 * Sh + 4 * TE
     activation_bwd = 10 * Sf + 4 * S
-    assert te_moe.routed_bytes(TINY, SHAPE)[1] == router + permute_bwd + activation_bwd + unpermute_bwd == 100608
+    assert te_moe.routed_bytes(TINY, SHAPE)[1] == router + permute_bwd + activation_bwd + unpermute_bwd == 99584
 
 
 def test_expert_parallelism_adds_the_sort_by_local_expert():

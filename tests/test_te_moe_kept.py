@@ -67,12 +67,13 @@ def test_megatrons_moe_blocks_keep_its_tensors_and_moe_act_frees_fc2s_input():
 
 
 def test_the_aux_loss_keeps_its_intermediate_after_the_routing_map():
-    """Megatron-core's aux_loss (Arch.router_aux_loss): TE v2.9's FusedComputeScoresForMoEAuxLoss saves its T x E
-    intermediate in the logits' bf16 (router.py 152), made after the top-k's scores and map: 2 x 64 x 8 = 1,024 B
-    more kept under every option that keeps the mixture, in none's record where the router runs."""
+    """Megatron-core's aux_loss (Arch.router_aux_loss): FusedComputeScoresForMoEAuxLoss saves its T x E
+    intermediate in the top-k's dtype (fp32 under d98e8a64's TE 4329ff84: router.py 152, §543) and FusedAuxLoss the
+    E int64 counts, made after the top-k's scores and map: 4 x 64 x 8 + 8 x 8 = 2,112 B more kept under every option
+    that keeps the mixture, in none's record where the router runs, every tensor freed."""
     profile = _profile(replace(TINY, name="tiny-aux", router_aux_loss=True))
-    found = te_moe_kept.mixtures(profile)
-    assert found["mcore"] == [*MEGATRON[:2], 2 * 64 * 8, *MEGATRON[2:]] and found["router"] == 4
+    found = te_moe_kept.mixtures(profile, megatron())
+    assert found["mcore"] == [*MEGATRON[:2], 4 * 64 * 8, 8 * 8, *MEGATRON[2:]] and found["router"] == 5
     assert te_moe_kept.mixtures(_profile())["router"] == 3
     after = te_moe_kept.megatron_moe_profile(profile, megatron())
     for old, new in zip(profile.layers, after.layers, strict=True):
@@ -80,7 +81,7 @@ def test_the_aux_loss_keeps_its_intermediate_after_the_routing_map():
             continue
         kept = {o.name: o.kept_bytes for o in old.recompute_options}
         now = {o.name: o.kept_bytes for o in new.recompute_options}
-        assert now["none"] == kept["none"] - 26112 + 1024 and now["mlp"] == kept["mlp"]
+        assert now["none"] == kept["none"] - 26112 + 2112 and now["mlp"] == kept["mlp"]
         record = new.alloc_records["none"]
         made = [code for code in record.forward if code > 0]
         assert found["mcore"] == made[made.index(MEGATRON[0]):][:len(found["mcore"])]
@@ -92,3 +93,31 @@ def test_the_aux_loss_keeps_its_intermediate_after_the_routing_map():
 def test_another_runtime_keeps_the_eager_mixture():
     profile = _profile()
     assert te_moe_kept.megatron_moe_profile(profile, runtimes._of("torchtitan", None, False)) == profile
+
+
+def test_the_routers_intermediate_is_in_the_records_te_dtype_and_the_aux_loss_keeps_its_own():
+    from planner.cost.runtime_megatron import megatron_bridge
+
+    T, E = 64, 8
+    # TE v2.9 (the Bridge's record): the fused top-k saves its intermediate in the logits' dtype, bf16 (router.cpp
+    # 42-47): 2 B a (token, expert), not fp32's 4; TE 4329ff84 (d98e8a64's record) writes it fp32 (router.cpp 66)
+    assert megatron_bridge().te_router_scores == "logits" and megatron().te_router_scores == "fp32"
+    assert te_moe_kept.mixtures(_profile(), megatron_bridge())["mcore"] == [2 * T * E, *MEGATRON[1:]]
+    assert te_moe_kept.mixtures(_profile(), megatron())["mcore"] == MEGATRON
+    # the aux loss: its score kernel's intermediate (T x E, the top-k's dtype) and the counts (E int64) beside the map
+    aux = _profile(replace(TINY, name="tiny-aux", router_aux_loss=True))
+    assert te_moe_kept.mixtures(aux, megatron_bridge())["mcore"] == [2 * T * E, T * E, 2 * T * E, 8 * E, *MEGATRON[2:]]
+    assert te_moe_kept.mixtures(aux, megatron())["mcore"] == [4 * T * E, T * E, 4 * T * E, 8 * E, *MEGATRON[2:]]
+    # and the layer keeps them: the Bridge's none keeps 2 T·E less at the top-k and 2 T·E + 8 E more for the aux loss
+    # than the fp32 record without the aux loss
+    delta = {run: sum(found["mcore"]) - sum(found["generic"]) for run, found in (
+        ("plain", te_moe_kept.mixtures(_profile(), megatron())),
+        ("bridge-aux", te_moe_kept.mixtures(aux, megatron_bridge())))}
+    assert delta["bridge-aux"] - delta["plain"] == -2 * T * E + 2 * T * E + 8 * E == 64
+    old, new = aux.layers, te_moe_kept.megatron_moe_profile(aux, megatron_bridge()).layers
+    for before, after in zip(old, new, strict=True):
+        if before.kind == "moe_block":
+            assert after.act_bytes == before.act_bytes + delta["bridge-aux"]
+            made = [code for code in after.alloc_records["none"].forward if code > 0]
+            run = [2 * T * E, T * E, 2 * T * E, 8 * E, *MEGATRON[2:]]
+            assert any(made[at:at + len(run)] == run for at in range(len(made)))

@@ -16,9 +16,10 @@ transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py a
   nothing left to hide it: send(KV);
 - buffers while the attention runs: forward the K/V received at every step (held in
   p2p_comm_buffers to the end: (cp - 1) KV), every step's output (out_per_step, cp O on the busiest
-  rank, cp - 1, whose every step computes all its queries) and the fp32 output the correction builds
-  (2 O); backward dq (Q), the two [K/V, dK/dV] send / receive buffers (4 KV) and a step's dq, dk, dv
-  (Q + KV).
+  rank, cp - 1, whose every step computes all its queries) and the merged output the correction builds
+  (O: bf16, flash_attn_fwd_out_correction_init's `.to(out_init_step.dtype)`, TE v2.2-v2.18,
+  framework-facts §542); backward dq (Q), the two [K/V, dK/dV] send / receive buffers (4 KV) and
+  a step's dq, dk, dv (Q + KV).
 
 All-gather ("allgather": torch's context_parallel, which torchtitan runs; torch/distributed/tensor/
 experimental/_context_parallel/_attention.py, torch 2.13.0 cf30153c):
@@ -249,7 +250,7 @@ def buffer_bytes(exchange, kind: str, *, compiled: bool = False) -> tuple[int, i
     if kind == "a2a":
         return 2 * (q + kv) + 2 * q, 2 * q + 3 * (q + kv)
     if kind == "p2p":
-        return (cp - 1) * kv + cp * q + 2 * q, q + 4 * kv + q + kv
+        return (cp - 1) * kv + cp * q + q, q + 4 * kv + q + kv
     return (cpring.peak(cpring.forward_program(cp, q, kv, compiled=compiled)),
             cpring.peak(cpring.backward_program(cp, q, kv, compiled=compiled, rerun=False, reuse_gather=False)))
 

@@ -439,8 +439,11 @@ class RuntimeFacts:
     a layer (useful.useful_options, runnable.offload_refused); False: offload beside a pipeline as charged."""
     te_moe_experts_kept: bool = False
     """A MoE layer keeps what megatron-core's TEGroupedMLP under the alltoall dispatcher keeps: the experts' input,
-    linear_fc1's output and the activation's output, the fused router's fp32 scores and routing map, no copy of the
-    dispatched or combined tokens (planner/cost/te_moe_kept.py); False: the analytic profile's eager mixture."""
+    linear_fc1's output and the activation's output, the fused router's and aux loss's intermediates and routing map,
+    no copy of the dispatched or combined tokens (planner/cost/te_moe_kept.py); False: the analytic profile's mixture."""
+    te_router_scores: str = "logits"
+    """The dtype TE's fused router and aux-loss score kernels save their intermediate in: "logits" (the router
+    logits', TE v2.9-v2.12) or "fp32" (TE v2.13 on); read by te_moe_kept.py."""
     chunked_loss: bool = False
     """The runtime's config can run the loss over chunks of each sequence, the LM head's forward and
     backward per chunk inside the loss (torchtitan 0.3.0's ChunkedLossWrapper: planner/cost/chunkedloss.py);
@@ -492,8 +495,3 @@ class RuntimeFacts:
 
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""
-
-
-# the te_moe_experts_kept source of a record whose MoE layers keep what eager PyTorch keeps
-EAGER_MOE_KEPT = ("the analytic profile's eager mixture as transformers / torchtitan run it (planner/profiler/"
-                  "analytic_kept.py moe_terms: gathered rows, SwiGLU's tensors, the weighted outputs)")

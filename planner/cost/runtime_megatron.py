@@ -133,7 +133,7 @@ def megatron() -> RuntimeFacts:
         megatron_step_replayed=True, stage_sends_beside="backward",
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
-        te_window_handler="v2.10", offload_refuses_pipeline=True,
+        te_window_handler="v2.10", te_router_scores="fp32", offload_refuses_pipeline=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
         te_ce_bytes=2 + (2 + 2) + (2 + 2), te_ub_workspaces=3, te_ub_keeps_plain_workspace=True, side_communicators=True,
@@ -157,6 +157,10 @@ def megatron() -> RuntimeFacts:
                                  f"the same at megatron-core 92c8482e (306-327, 749-755; docs/framework-facts.md §107, "
                                  f"§112, §322)",
             "te_window_handler": TE_V210_OFFLOAD_SOURCE,
+            "te_router_scores": "TransformerEngine 4329ff84 (v2.17.1, Megatron-LM d98e8a64 pyproject.toml 246) "
+                                "transformer_engine/pytorch/csrc/extensions/router.cpp 66 (the fused top-k's "
+                                "intermediate_output kFloat), 155-158 (the aux loss's scores and intermediate kFloat); "
+                                "fp32 since v2.13 (20c38559; docs/framework-facts.md §543)",
             "offload_refuses_pipeline": f"megatron/core/transformer/transformer_config.py 1891-1894 (cpu_offloading "
                                         f"with pipeline_model_parallel_size > 1 raises), 1884-1889 (N < num_layers), "
                                         f"1896-1899 (no recompute beside it), {MEGATRON_V} (docs/framework-facts.md "
@@ -442,7 +446,12 @@ def megatron_bridge() -> RuntimeFacts:
     record = megatron()
     return replace(record, version=f"megatron-core {BRIDGE_MCORE} (Megatron-Bridge 25.11, TE v2.9)",
                    te_ub_keeps_plain_workspace=False, stage_sends_beside="both", te_window_handler="v2.9",
+                   te_router_scores="logits",
                    sources={**record.sources, "te_ub_keeps_plain_workspace": TE_V29_UB_WORKSPACE,
+                            "te_router_scores": "TransformerEngine v2.9 (70f53666) transformer_engine/pytorch/csrc/"
+                                                "extensions/router.cpp 42-47, 106-112 (the top-k's intermediate, the aux "
+                                                "loss's scores and intermediate in logits.scalar_type()), the same to "
+                                                "v2.12 (docs/framework-facts.md §543)",
                             "te_window_handler": f"{TE_OFFLOAD_SOURCE}: the Bridge 25.11 pins >=2.9.0a0,<2.10.0 "
                                                  f"(docs/framework-facts.md §107, §112, §377-§379)",
                             "stage_sends_beside": f"megatron/core/pipeline_parallel/schedules.py 1595-1646 (pp_post_forward: the output's isend waited at the next forward's send, whatever deallocate_pipeline_outputs says), 1666-1710 (pp_post_backward: the input gradient's likewise), megatron-core {BRIDGE_MCORE} (docs/framework-facts.md §215)"})

@@ -11,6 +11,10 @@ TORCH_V = "torch 2.13.0 (cf30153c)"
 
 PIPELINING_OUTPUTS = "torch/distributed/pipelining/stage.py forward_one_chunk appends the output to output_chunks, schedules.py step() merges them (torch.cat) and returns them; clear_runtime_states empties them as the next step begins"
 
+# the te_moe_experts_kept source of a record whose MoE layers keep what eager PyTorch keeps
+EAGER_MOE_KEPT = ("the analytic profile's eager mixture as transformers / torchtitan run it (planner/profiler/"
+                  "analytic_kept.py moe_terms: gathered rows, SwiGLU's tensors, the weighted outputs)")
+
 NO_CHUNKED_LOSS = "no loss over chunks of the sequence in this runtime's code: --chunked-cross-entropy refused"
 
 MEMTRACKER = "measured: torch MemTracker on CPU, torch 2.13 (scripts/bench_loss_region.py)"
@@ -47,6 +51,7 @@ AFTER_STEP_NOT_READ = {
                          "offload handler)",
     "te_window_handler": "not read for this runtime (no Transformer Engine offload handler: te_window_offload "
                          "False)",
+    "te_router_scores": "not read for this runtime (no Transformer Engine router: te_moe_experts_kept False)",
     "offload_refuses_pipeline": "not read as refused for this runtime: ckplan's per-layer offload option is charged "
                                 "beside a pipeline as before",
     "fused_ce_bytes": "not read for this runtime: no fused cross-entropy of its own (refused)",

@@ -5,10 +5,11 @@ in which dtype and when it frees, each fact with the file, lines and commit it w
 from __future__ import annotations
 
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ
-from planner.cost.runtime_facts import EAGER_MOE_KEPT, LossRegion, RuntimeFacts
+from planner.cost.runtime_facts import LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
     COMPILED_LOSS,
+    EAGER_MOE_KEPT,
     INPUT_GRADS_CLEARED,
     INPUT_GRADS_KEPT,
     MEMTRACKER,

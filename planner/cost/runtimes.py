@@ -35,9 +35,10 @@ from dataclasses import fields
 from planner.cost import bridgesettings, runtime_deepspeed, runtime_megatron, runtime_titan
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETTINGS_NOT_READ
 from planner.cost.record_refusals import compile_refused, timers_refused
-from planner.cost.runtime_facts import EAGER_MOE_KEPT, LossRegion, RuntimeFacts
+from planner.cost.runtime_facts import LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
+    EAGER_MOE_KEPT,
     INPUT_GRADS_CLEARED,
     MEMTRACKER,
     MODEL_CODE_KERNELS,

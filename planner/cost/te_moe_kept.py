@@ -4,12 +4,15 @@ scatter keep), a fact of the runtime record (RuntimeFacts.te_moe_experts_kept; d
 Megatron-LM d98e8a64 (the nearest stored to Megatron-Bridge 00b7660b's pin):
 
 - router (moe_router_fusion, Transformer Engine's fused_topk_with_score_function): the autograd function saves
-  the routing map (bool, T x E) and its intermediate output (the fp32 scores, T x E), no top-k indices or
-  weights of their own (transformer_engine/pytorch/router.py FusedTopkScoreFunction.forward); where the auxiliary
-  load-balancing loss runs (`router_aux_loss`: megatron_router.py), FusedComputeScoresForMoEAuxLoss saves its
-  intermediate output too, T x E in the logits' dtype (bf16: the input's, Megatron's router_dtype without
-  --moe-router-dtype), and FusedAuxLoss a scalar and the E counts (TE v2.9 70f53666 router.py 147-152, 230;
-  csrc/extensions/router.cpp 107-112; docs/framework-facts.md §536);
+  the routing map (bool, T x E) and its intermediate output (the scores, T x E), no top-k indices or
+  weights of their own (transformer_engine/pytorch/router.py FusedTopkScoreFunction.forward); the intermediate is
+  in the logits' dtype (the input's, bf16: Megatron's router runs there unless --moe-router-dtype) up to TE v2.12,
+  fp32 from v2.13 (the record's te_router_scores; router.cpp 42-47 at v2.9, 66 at 4329ff84: framework-facts §543);
+- the auxiliary load-balancing loss (`router_aux_loss`, Megatron's aux_loss under the fusion: router.py 270-296 at
+  92c8482e): FusedComputeScoresForMoEAuxLoss saves its intermediate (T x E, the same dtype as the top-k's),
+  FusedAuxLoss the counts `routing_map.sum(dim=0)` (E int64) and an fp32 scalar, MoEAuxLossAutoScaler the loss
+  (a scalar); its scores and routing map are freed once the loss is made (TE router.py 152, 230 at v2.9: §544).
+  The two scalars are not counted;
 - the alltoall dispatcher (moe_permute_fusion): permute, the all-to-all and sort_chunks_by_idxs keep no tokens
   (their backward is the inverse permutation, by an int32 map; token_dispatcher.py 660-800, moe_utils.py
   permute / sort_chunks_by_idxs); the permuted probs reach the experts (fp32, one per routed copy);
@@ -41,13 +44,13 @@ from planner.schema import LayerProfile, Profile
 FP32, INDEX, BOOL = 4, 8, 1
 
 
-def mixtures(profile: Profile) -> dict | None:
+def mixtures(profile: Profile, record=None) -> dict | None:
     """The profile's MoE block mixture as the analytic profile keeps it (`generic`: each tensor's bytes in
-    analytic_kept.moe_terms's order) and as Megatron-core keeps it (`mcore`, without moe_act), and what the
-    activation's recompute frees in each (`act_generic`: the SiLU output and the product; `act_mcore`:
-    linear_fc2's input, and the clamp's cat), and how many router tensors precede linear_fc1's input in `mcore`
-    (`router`: the scores, the map, the aux loss's intermediate where it runs, the probs); None where the profile is not analytic, has no MoE blocks, or
-    their shared experts are gated (not read). Shared experts follow the routed ones in both runs."""
+    analytic_kept.moe_terms's order) and as Megatron-core keeps it under `record`'s TE (`mcore`, without moe_act;
+    no record: TE v2.13 on's fp32 intermediates), and what the activation's recompute frees in each
+    (`act_generic`: the SiLU output and the product; `act_mcore`: linear_fc2's input, and the clamp's cat), and
+    linear_fc1's input (`fc1_in`) and how many router tensors come before it (`router`); None where the profile is not analytic, has no MoE blocks, or their shared
+    experts are gated (not read). Shared experts follow the routed ones in both runs."""
     dims = te_kept._dims(profile)
     if dims is None:
         return None
@@ -64,15 +67,16 @@ def mixtures(profile: Profile) -> dict | None:
     clamped = bool(model.get("swiglu_limit"))
     act = [2 * S * f * d] + [S * f * d] * 5 if clamped else [S * f * d] * 4
     generic = [FP32 * T * E // r, INDEX * T * k // r, FP32 * T * k // r, S * h * d, INDEX * S, *act, S * h * d]
-    aux = [d * T * E // r] if model.get("router_aux_loss") else []  # the aux scores' saved intermediate
-    mcore = [FP32 * T * E // r, BOOL * T * E // r, *aux, FP32 * S, S * h * d, 2 * S * f * d,
-                *([2 * S * f * d] if clamped else []), S * f * d]
+    scores = d if record is not None and record.te_router_scores == "logits" else FP32  # the logits' dtype: bf16
+    aux = [scores * T * E // r, INDEX * E] if model.get("router_aux_loss") else []
+    mcore = [scores * T * E // r, BOOL * T * E // r, *aux, FP32 * S, S * h * d, 2 * S * f * d,
+             *([2 * S * f * d] if clamped else []), S * f * d]
     shared = model.get("num_shared_experts", 0) * model.get("shared_intermediate_size", 0) // tp
     if shared:  # the shared experts after the routed ones, as analytic_kept.moe_terms counts them
         generic += shared_generic(T, shared, d)
         mcore += shared_mcore(T, shared, d)
     return {"generic": generic, "mcore": mcore, "act_generic": 2 * S * f * d,
-            "act_mcore": S * f * d + (2 * S * f * d if clamped else 0), "router": 3 + len(aux)}
+            "act_mcore": S * f * d + (2 * S * f * d if clamped else 0), "fc1_in": S * h * d, "router": 3 + len(aux)}
 
 
 def shared_generic(tokens: int, width: int, d: int) -> list[int]:
@@ -93,7 +97,7 @@ def shared_mcore(tokens: int, width: int, d: int) -> list[int]:
 def megatron_moe_profile(profile: Profile, record) -> Profile:
     """The profile with its MoE blocks keeping what Megatron-core's keep (the module's docstring); as it is
     where the record does not say so or mixtures() finds none."""
-    found = mixtures(profile) if getattr(record, "te_moe_experts_kept", False) else None
+    found = mixtures(profile, record) if getattr(record, "te_moe_experts_kept", False) else None
     if found is None:
         return profile
     layers = [_megatron_layer(layer, found) if layer.kind == "moe_block" else layer for layer in profile.layers]

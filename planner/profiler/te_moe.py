@@ -10,9 +10,11 @@ f the experts' width (/TP); bf16 activations, logits and routing weights (2 B: M
 the input's dtype unless `--moe-router-dtype`), TE's row map int32 (4 B).
 
 - the router (TE `fused_topk_with_score_function`, transformer_engine/pytorch/router.py): forward reads
-  the logits (2 TE) and writes the probabilities (2 TE), the routing map (bool, 1 TE) and its fp32
-  intermediate (4 TE); backward reads the map, the intermediate and the probabilities' gradient and writes
-  the logits' gradient: 9 TE each way;
+  the logits (2 TE) and writes the probabilities (2 TE), the routing map (bool, 1 TE) and its intermediate
+  (2 TE: the logits' dtype at TE v2.9, csrc/extensions/router.cpp 42-47, to v2.12); backward reads the map, the
+  intermediate and the probabilities' gradient and writes the logits' gradient (the intermediate's dtype, 77-78):
+  7 TE each way. TE v2.13 on writes the intermediate fp32 (9 TE each way; the record's te_router_scores, which
+  this profile, made before a runtime is chosen, does not read: framework-facts §543);
 - permutation 1 (megatron/core/transformer/moe/moe_utils.py `permute(fused=True, probs=...)` ->
   TE `moe_permute_with_probs`, permutation.py `_moe_permute_mask_map`): the row map made from the routing
   map (1 TE read, 4 TE written), each token's row read once and written to its k slots (2 T h + 2 S h),
@@ -50,7 +52,7 @@ from collections import Counter
 from planner.profiler import analytic_time, formulas, gptoss_time, te_bytes, te_moe_eager
 from planner.profiler.norm_bytes import rms_norm
 
-ROUTER_FWD = ROUTER_BWD = 9  # per (token, expert): fused top-k's logits, probs, map and fp32 intermediate
+ROUTER_FWD = ROUTER_BWD = 7  # per (token, expert): fused top-k's logits, probs, map and intermediate (TE v2.9's)
 ROW_MAP_MAKE, ROW_MAP = 5, 4  # per (token, expert): routing map read + int32 row map written; row map read
 WEIGHTED_GLU_FWD, WEIGHTED_GLU_BWD = 6, 10  # per element of the width-f output (SWIGLU_FUSED's)
 WEIGHT_FWD, WEIGHT_BWD = 2, 4  # per token copy: the routing weight read; read and its gradient written

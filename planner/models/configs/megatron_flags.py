@@ -84,7 +84,7 @@ NO_EFFECT = {
     "--eod-mask-loss": "loss mask", "--reset-position-ids": "data", "--reset-attention-mask": "data",
     "--use-cpu-initialization": "initialisation",
     "--no-async-tensor-model-parallel-allreduce": "kernel scheduling", "--moe-router-score-function": "router",
-    "--moe-router-pre-softmax": "router", "--moe-router-dtype": "router", "--moe-router-topk-scaling-factor": "router",
+    "--moe-router-pre-softmax": "router", "--moe-router-topk-scaling-factor": "router",
     "--moe-router-enable-expert-bias": "router", "--moe-router-bias-update-rate": "router",
     "--moe-router-num-groups": "router", "--moe-router-group-topk": "router", "--moe-token-drop-policy": "router",
     "--moe-z-loss": "router loss", "--moe-per-layer-logging": "logging", "--moe-permute-fusion": "kernel fusion (TE's fused permute, planner/profiler/te_moe.py; without it timed the same)",

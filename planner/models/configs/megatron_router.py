@@ -10,6 +10,13 @@ kernel under the fusion) and attaches it to the probabilities (`MoEAuxLossAutoSc
 (default 0: no aux loss runs). `Arch.router_aux_loss` says the `aux_loss` type runs; planner/profiler/te_moe.py
 times it. `seq_aux_loss` and `global_aux_loss` (other reshapes, a global count's all-reduce over the data-parallel
 group) and `--moe-z-loss-coeff` (the z-loss's logsumexp over the logits) are listed as not modelled where they run.
+
+`--moe-router-dtype` (fp32 or fp64; default none: the input's dtype, bf16) sets the dtype the router's GEMM writes
+its logits in (`TopKRouter.gating`, router.py 78-101; `RouterGatingLinearFunction`, moe_utils.py 958-980 at
+92c8482e), and so TE's router probabilities and intermediates (docs/framework-facts.md §545): ckplan charges them in
+the input's dtype, so fp32 is listed as not modelled; fp64 beside `--moe-router-fusion` does not run (TE's
+`fused_topk_with_score_function` raises on float64 logits: router.py 114-115 at v2.9, 174-175 at 4329ff84) and is
+refused.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from planner.errors import UserError
 from planner.models.configs.megatron_args import Flags
 
 LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+ROUTER_DTYPES = ("fp32", "fp64")  # megatron/training/arguments.py 3248-3250 at 92c8482e
 
 
 def router_facts(flags: Flags, *, moe: bool) -> dict:
@@ -29,6 +37,7 @@ def router_facts(flags: Flags, *, moe: bool) -> dict:
     if unknown:
         raise UserError(f"--moe-router-load-balancing-type {unknown[0]!r} is not one of Megatron-LM's "
                         f"({', '.join(LOSS_TYPES)}); give one")
+    _router_dtype(flags, moe=moe)
     if not moe:
         for flag in ("--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff"):
             _status(flags, flag, "no effect", "a router's loss: a dense model has no router")
@@ -44,6 +53,26 @@ def router_facts(flags: Flags, *, moe: bool) -> dict:
         _status(flags, "--moe-z-loss-coeff", "not modelled", "the router's z-loss (a logsumexp over the tokens x "
                 "experts logits and its gradient) is not modelled")
     return {"router_aux_loss": "aux_loss" in runs}
+
+
+def _router_dtype(flags: Flags, *, moe: bool) -> None:
+    """`--moe-router-dtype` read (the module docstring): refused where it is not Megatron-LM's or cannot run."""
+    fusion = flags.has("--moe-router-fusion")
+    dtype = flags.take("--moe-router-dtype", "the router's logits dtype")
+    if dtype is None:
+        return
+    if dtype not in ROUTER_DTYPES:
+        raise UserError(f"--moe-router-dtype {dtype!r} is not one of Megatron-LM's ({', '.join(ROUTER_DTYPES)}); "
+                        "give one, or leave it out for the input's dtype")
+    if not moe:
+        _status(flags, "--moe-router-dtype", "no effect", "the router's dtype: a dense model has no router")
+    elif dtype == "fp64" and fusion:
+        raise UserError("--moe-router-dtype fp64 with --moe-router-fusion does not run: Transformer Engine's fused "
+                        "top-k raises on float64 logits; drop one of them")
+    else:
+        _status(flags, "--moe-router-dtype", "not modelled", f"the router's logits, probabilities and TE's router "
+                f"intermediates in {dtype} (its GEMM's output, the top-k's and permutations' tensors over tokens x "
+                "experts): charged in the input's dtype, bf16")
 
 
 def _status(flags: Flags, flag: str, status: str, why: str) -> None:
