@@ -69,7 +69,29 @@ def test_each_range_gets_its_least_recompute_and_least_peak(seed, monkeypatch):
     (and, for "memory", the smallest peak of all), both found by trying every subset: whether
     numpy scores the sets or Python does (dpsegments.VECTOR_FROM), each held to the one brute
     force (trying every subset costs more than both solves, so it is made once a case)."""
-    profile, roomy, rng = random_case(seed)
+    _check_every_range(*random_case(seed), monkeypatch)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fsdp2s_moments_beside_a_pipeline_are_evaluates_in_every_range(seed, monkeypatch):
+    """The same, every case ckplan's runtime at ZeRO 2 or 3 beside a 1F1B or GPipe pipeline (dp 4, HSDP's two
+    groups of 2 in a third of them), where a stage's FSDP2 moments are its own (gathered.stage_unit_moments:
+    the first and last unit, the shards absent in the first backward, the stray prefetch): the DP grows them
+    by class (planner/solve/dpmoments.py), and each range's least recompute and least peak is evaluate's."""
+    from planner.solve import dpmoments
+
+    profile, roomy, rng = random_case(1000 + seed)
+    while len(profile.layers) < 2:
+        profile, roomy, rng = random_case(rng.randint(2000, 10**6))
+    stages = rng.randint(2, min(3, len(profile.layers)))
+    roomy = TrainSetup(stages=stages, microbatches=rng.choice([stages, stages + 1, 6]), micro_batch_size=1,
+                       schedule=rng.choice(["1F1B", "GPipe"]), mem_caps_bytes=[HUGE] * stages, zero=2 + seed % 2,
+                       dp=4, shard_group=2 if seed % 3 == 0 else None)
+    assert dpmoments.applies(profile, roomy)
+    _check_every_range(profile, roomy, rng, monkeypatch)
+
+
+def _check_every_range(profile, roomy, rng, monkeypatch):
     layers = costmodel.layer_costs(profile)
     n, P = len(layers), roomy.pipeline.stages
     ranges = [(s, i, j) for s in range(P) for i in range(n) for j in range(i + 1, n + 1)]
