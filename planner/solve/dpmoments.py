@@ -29,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from planner.cost import dataparallel, fsdpunits, gathered
 from planner.cost.rules import runtime_facts
 
@@ -113,21 +115,22 @@ class StageMoments:
 
     @staticmethod
     def front(states: list[tuple], timed: bool, shift: int, bits: int) -> list[tuple]:
-        """The sets no other set with the same last option beats or ties in every field (ms where `timed`,
-        kept, every class), sorted by ms."""
+        """The sets no other set beats or ties in every field (ms where `timed`, kept, every class of its layers
+        but the last, and its last layer's as closing and as not), sorted by ms."""
         if not timed:
             states = [(0.0, *state[1:]) for state in states]
         states.sort(key=lambda state: (state[0], state[1]))
-        width = (1 << bits) - 1
-        kept: dict[int, list] = {}
-        out = []
-        for state in states:
-            key = state[2] >> shift & width
-            fields = (state[0], state[1], *state[3])
-            rivals = kept.setdefault(key, [])
-            if any(all(a <= b for a, b in zip(other, fields)) for other in rivals):
+        if not states:
+            return states
+        fields = np.array([(state[0], state[1], *state[3], *state[4], *state[5]) if state[3] is not None
+                           else (state[0], state[1]) + (-INF,) * 15 for state in states])
+        kept = np.empty_like(fields)
+        count, out = 0, []
+        for row, state in zip(fields, states):
+            if count and np.all(kept[:count] <= row, axis=1).any():
                 continue
-            rivals.append(fields)
+            kept[count] = row
+            count += 1
             out.append(state)
         return out
 
