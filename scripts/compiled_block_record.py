@@ -5,9 +5,9 @@ allocation's power of the scale from the two (planner/profiler/compiled_record.p
     PYTHONPATH=. python scripts/compiled_block_record.py FIRST_DIR 1/8 SECOND_DIR 1/4 \\
         --dims 2048,128,8,16,6656,4096 --tp 8 --settings float8,async-tp --source "..." --out NAME.json
 
---dims: the first reading's hidden, heads, kv heads, head dim, FFN, tokens (one microbatch), as
-compiled_block_backward.py's --dims. The block's parameters by parameter_parts' order from the gradients the backward
-returns (attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2: the order the block's forward first uses them, which
+--dims: the first reading's hidden, heads, kv heads, head dim, FFN, tokens (one microbatch; one CP rank's under
+--cp), as compiled_block_backward.py's --dims (compiled_block_cp.py's under context parallelism). The block's
+parameters by parameter_parts' order from the gradients the backward returns (attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2: the order the block's forward first uses them, which
 is the order dynamo lifts them as graph inputs; w1 before w3, `self.w2(F.silu(self.w1(x)) * self.w3(x))`)."""
 
 import argparse
@@ -45,6 +45,7 @@ def main():
     parser.add_argument("second_scale", type=Fraction)
     parser.add_argument("--dims", required=True)
     parser.add_argument("--tp", type=int, required=True)
+    parser.add_argument("--cp", type=int, default=1, help="the CP degree read (scripts/compiled_block_cp.py's --cp)")
     parser.add_argument("--settings", default="")
     parser.add_argument("--source", required=True)
     parser.add_argument("--out", required=True)
@@ -52,7 +53,8 @@ def main():
     first, second = reading(args.first), reading(args.second)
     powers = degrees(first, args.first_scale, second, args.second_scale)
     hidden, heads, kv_heads, head_dim, ffn, tokens = (int(v) for v in args.dims.split(","))
-    out = {"source": args.source, "tp": args.tp, "settings": sorted(s for s in args.settings.split(",") if s),
+    out = {"source": args.source, "tp": args.tp, **({"cp": args.cp} if args.cp > 1 else {}),
+           "settings": sorted(s for s in args.settings.split(",") if s),
            "dims": {"hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "ffn": ffn,
                     "tokens": tokens},
            "scales": [str(args.first_scale), str(args.second_scale)],

@@ -10,9 +10,11 @@ LIVE=1 lists every tensor alive at the rank's allocated peak and at its reserved
 segment took the reserve to its peak), grouped by what made it (the key's name, its chunk and the step's
 microbatch dropped), with their bytes, and each segment alive then with what holds it (docs/published-runs.md
 §27.c8last).
+SMALL=1 lists the small pool's 2 MiB segments too, one line each (their total is in the reserve either way:
+docs/published-runs.md §42.bestfit26 found M16's step 1 ending 0.52 GiB of them above its last gradient).
 MIN_STEPS=n plays at least n steps on the traced rank (does a later step take a segment the settled replay's last
 step did not? docs/published-runs.md §27.order405).
-usage: RANK=7 [LIVE=1] [MIN_STEPS=8] [HEAD_LESS_MIB=1152] [WATCH="('merged',)"] [HEAD_PIECES=b1,b2,..] PYTHONPATH=<checkout> python scripts/replay_trace.py <ckplan evaluate arguments>"""
+usage: RANK=7 [LIVE=1] [SMALL=1] [MIN_STEPS=8] [HEAD_LESS_MIB=1152] [WATCH="('merged',)"] [HEAD_PIECES=b1,b2,..] PYTHONPATH=<checkout> python scripts/replay_trace.py <ckplan evaluate arguments>"""
 import os
 import sys
 
@@ -31,6 +33,7 @@ WATCH = os.environ.get("WATCH", "")  # a key's repr, e.g. "('merged',)"
 PIECES = [int(b) for b in os.environ.get("HEAD_PIECES", "").split(",") if b]  # bytes, summing to the extra
 LESS = int(float(os.environ.get("HEAD_LESS_MIB", "0")) * MIB)
 LIVE = os.environ.get("LIVE", "") not in ("", "0")
+SMALL = os.environ.get("SMALL", "") not in ("", "0")  # list the small pool's segments too
 MIN_STEPS = int(os.environ.get("MIN_STEPS", "0"))  # play at least this many steps on the traced rank (§27.order405)
 calls: list[list] = []
 original = allocator.replay
@@ -92,6 +95,9 @@ def trace(events, **kwargs) -> None:
     at = {"i": 0, "key": None}
 
     def logged(size, stream, small):
+        if small and SMALL:
+            print(f"  #{at['i']:6d} small segment {size / MIB:9.1f} MiB stream {stream} for {at['key']}; "
+                  f"reserved {(state.reserved + size) / MIB / 1024:6.2f} GiB", file=OUT)
         if not small:
             free = sorted((b.size for k, b in state.pools[False].blocks.items() if k[0] == stream), reverse=True)
             print(f"  #{at['i']:6d} new segment {size / MIB:9.1f} MiB stream {stream} for {at['key']}; "

@@ -242,3 +242,51 @@ def test_a_cached_scratch_segment_takes_a_held_block_that_would_split_the_merges
     result = replay(events)
     assert result.reserved_peak_bytes == reserved_mib * MIB
     assert result.allocated_peak_bytes == 91 * MIB
+
+
+# torch 2.6.0's rules (docs/framework-facts.md §464-§466): the same as 001074d25084's at the defaults; each figure below
+# counted by hand from them.
+
+
+def test_best_fit_among_equal_blocks_takes_the_lowest_address():
+    # a 30 MiB segment split as p (18) and q (12), then r (12) in a segment of its own, above it; q and r freed: two
+    # 12 MiB blocks, and BlockComparatorSize's (stream, size, ptr) order hands s the lower one, q. Freeing p then finds
+    # q taken: p stays 18 MiB, so t (30 MiB) needs a third segment: 30 + 12 + 30 = 72 MiB
+    events = [Alloc("big", 30 * MIB), Free("big"), Alloc("p", 18 * MIB), Alloc("q", 12 * MIB), Alloc("r", 12 * MIB),
+              Free("q"), Free("r"), Alloc("s", 12 * MIB), Free("p"), Alloc("t", 30 * MIB)]
+    got = replay(events)
+    assert (got.reserved_peak_bytes, got.allocated_peak_bytes, got.segments) == (72 * MIB, 42 * MIB, 3)
+    # had s taken r (the higher address), p and q would merge into the 30 MiB t takes: 42 MiB
+    by_r = [Alloc("big", 30 * MIB), Free("big"), Alloc("p", 18 * MIB), Alloc("q", 12 * MIB), Alloc("r", 12 * MIB),
+            Free("r"), Alloc("s", 12 * MIB), Free("q"), Free("p"), Alloc("t", 30 * MIB)]
+    assert replay(by_r).reserved_peak_bytes == 42 * MIB
+
+
+def test_an_oversize_request_takes_a_block_less_than_max_non_split_rounding_larger():
+    # max_split_size 32 MiB: a 44 MiB request and the cached 64 MiB block: 64 >= 44 + 20 (max_non_split_rounding_size,
+    # kLargeBuffer by default), refused: a 44 MiB segment beside it
+    got = replay([Alloc("a", 64 * MIB), Free("a"), Alloc("b", 44 * MIB)], max_split_bytes=32 * MIB)
+    assert (got.reserved_peak_bytes, got.allocated_peak_bytes) == (108 * MIB, 64 * MIB)
+    # 46 MiB: 64 < 66, served by the 64 MiB block, unsplit (the request is not below max_split_size): counted whole
+    got = replay([Alloc("a", 64 * MIB), Free("a"), Alloc("b", 46 * MIB)], max_split_bytes=32 * MIB)
+    assert (got.reserved_peak_bytes, got.allocated_peak_bytes) == (64 * MIB, 64 * MIB)
+
+
+def test_a_block_made_once_in_the_first_step_makes_the_second_step_take_a_segment():
+    """M16's kind of step-2 segment (docs/published-runs.md §41.m16trace, §42.bestfit26): the step makes k (12 MiB),
+    h (40) and L (60) and frees them, L and h first; the first step also makes a state tensor (30 MiB) that lives on.
+    Step 1: three segments, 12 + 40 + 60 = 112 MiB; the state takes the freed 40 (best fit) and leaves 10 of it.
+    Step 2: k takes the 12; h finds only the 10 and the 60, splits the 60 (20 left); L finds 10 and 20: a fourth
+    segment, 60 MiB (172). Step 3: h takes the lower of the two 60s, L the other: nothing new."""
+    from planner.cost.allocator import settled_replay
+
+    def step(index):
+        events = [Alloc("k", 12 * MIB), Alloc("h", 40 * MIB), Alloc("L", 60 * MIB), Free("L"), Free("h")]
+        return events + ([Alloc("state", 30 * MIB)] if index == 0 else []) + [Free("k")]
+
+    first = settled_replay([], step, min_steps=1, max_steps=1)
+    assert (first.reserved_peak_bytes, first.segments) == (112 * MIB, 3)
+    settled = settled_replay([], step, min_steps=1, max_steps=8)
+    assert (settled.reserved_peak_bytes, settled.segments) == (172 * MIB, 4)
+    # the allocated peak is step 2's and 3's: state + k + h + L = 142 MiB
+    assert settled.allocated_peak_bytes == 142 * MIB

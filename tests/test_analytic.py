@@ -389,8 +389,10 @@ def test_measured_profile_needs_mem(tmp_path):
     # a family --arch-config does not read but --hf-config builds: the refusal says the way that works
     ({"model_type": "phi3"}, "model_type 'phi3' is not read; --arch-config reads"),
     ({"model_type": "granite"}, "`ckplan profile --hf-config CONFIG --fake` runs transformers' own granite code"),
-    ({"model_type": "phimoe", "num_local_experts": 16}, "for model_type mixtral, qwen3_moe, gpt_oss; `ckplan profile "
-                                                        "--hf-config CONFIG --fake` runs transformers' own phimoe"),
+    ({"model_type": "phimoe", "num_local_experts": 16}, "model_type 'phimoe' is not read; --arch-config reads llama, "
+                                                        "mistral"),
+    ({"model_type": "phimoe", "num_local_experts": 16}, "`ckplan profile --hf-config CONFIG --fake` runs transformers' "
+                                                        "own phimoe"),
     ({"attention_dropout": 0.1}, "attention_dropout = 0.1; dropout is not modelled"),
     ({"mlp_bias": True}, "mlp_bias is true"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
@@ -447,9 +449,16 @@ LLAMA_LIKE = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 1
     ({"model_type": "deepseek_v2", "n_routed_experts": 64, "kv_lora_rank": 512, "q_lora_rank": None},
      "has no qk_rope_head_dim"),
     ({"kv_lora_rank": 512, "qk_rope_head_dim": 64}, "kv_lora_rank = 512 is a mixture-of-experts or latent-attention"),
-    # Gemma 2's (google/gemma-2-9b)
-    ({"model_type": "gemma2", "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+    # Gemma 2's (google/gemma-2-9b) soft-capping, under a family that is read
+    ({"model_type": "gemma", "head_dim": 128, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
      "logit soft-capping is not modelled"),
+    # a family not read is said so first, not refused for a field another family reads: Gemma 2 itself, and
+    # Llama 4 Scout's text model (meta-llama/Llama-4-Scout-17B-16E text_config), whose num_local_experts was
+    # "read for model_type mixtral, qwen3_moe, gpt_oss", as though renaming its family would plan it
+    ({"model_type": "gemma2", "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+     "model_type 'gemma2' is not read; --arch-config reads"),
+    ({"model_type": "llama4_text", "num_local_experts": 16, "num_experts_per_tok": 1, "intermediate_size_mlp": 16384},
+     "model_type 'llama4_text' is not read; --arch-config reads"),
 ])
 def test_configs_with_unmodelled_memory_are_refused_not_read_as_dense(tmp_path, extra, sentence):
     config = tmp_path / "config.json"

@@ -118,3 +118,48 @@ def test_flash1_beside_a_sliding_window_shorter_than_the_sequence_is_refused(tmp
     assert "Traceback" not in result.output and not out.exists()
     assert CliRunner().invoke(cli, [*args, "--seq-len", "16"]).exit_code == 0  # flash2 runs the window
     assert CliRunner().invoke(cli, [*args, "--seq-len", "8", "--attention-kernel", "flash1"]).exit_code == 0
+
+
+def _search(tmp_path, config, *args):
+    out = tmp_path / f"best{len(list(tmp_path.iterdir()))}.yaml"
+    result = CliRunner().invoke(cli, ["search", "--arch-config", str(config), "--gpus", "1", "--global-batch", "1",
+                                      "--micro-batch-sizes", "1", "--gpu", "a100-80g", "--out", str(out), *args])
+    return result, out
+
+
+def test_search_times_attention_with_the_kernel_it_is_told(tmp_path):
+    # search had no --attention-kernel: its profiles were FlashAttention-2's whatever kernel the job ran. Its best
+    # plan's profile now holds the block `ckplan profile --attention-kernel flash1` records, to the bit
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(TINY))
+    blocks = {}
+    for kernel in (FLASH2, FLASH1):
+        result, out = _search(tmp_path, config, "--seq-len", str(SEQ), "--attention-kernel", kernel)
+        assert result.exit_code == 0, result.output
+        searched = json.loads(out.with_name(out.stem + ".profile.json").read_text())
+        result, made = _profile(tmp_path, "--gpu", "a100-80g", "--attention-kernel", kernel, "--dtype", "bf16")
+        assert result.exit_code == 0, result.output
+        profiled = json.loads(made.read_text())
+        assert searched["assumptions"]["attention_kernel"] == kernel
+        blocks[kernel] = searched["layers"][1]["fwd_ms"], searched["layers"][1]["bwd_ms"]
+        assert blocks[kernel] == (profiled["layers"][1]["fwd_ms"], profiled["layers"][1]["bwd_ms"])
+    assert blocks[FLASH1][0] > blocks[FLASH2][0] and blocks[FLASH1][1] > blocks[FLASH2][1]
+
+
+def test_search_refuses_a_kernel_its_profile_was_not_timed_with(tmp_path):
+    result, made = _profile(tmp_path, "--gpu", "a100-80g", "--dtype", "bf16")
+    assert result.exit_code == 0, result.output
+    args = ["search", "--profile", str(made), "--gpus", "1", "--global-batch", "1", "--out", str(tmp_path / "b.yaml")]
+    result = CliRunner().invoke(cli, [*args, "--attention-kernel", "flash1"])
+    assert result.exit_code == 1 and "the profile's attention was timed with flash2" in result.output
+    assert "Traceback" not in result.output
+    assert CliRunner().invoke(cli, [*args, "--attention-kernel", "flash2"]).exit_code == 0
+
+
+def test_search_refuses_flash1_beside_a_window_shorter_than_the_sequence(tmp_path):
+    config = tmp_path / "windowed.json"
+    config.write_text(json.dumps({"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
+                                  "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+                                  "vocab_size": 128, "max_position_embeddings": 64, "sliding_window": 8}))
+    result, out = _search(tmp_path, config, "--seq-len", "16", "--attention-kernel", "flash1")
+    assert result.exit_code == 1 and "runs no sliding window" in result.output and not out.exists()

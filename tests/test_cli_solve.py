@@ -123,3 +123,13 @@ def test_sweep_runs_without_mem_and_takes_it_as_its_top(profile_path, tmp_path):
     assert capped[-1]["cap_bytes"] == top and capped[0]["cap_bytes"] == free[0]["cap_bytes"]
     result = run(*args, "--mem", "1KiB")
     assert result.exit_code == 1 and "below the least any plan needs" in result.output
+
+
+def test_the_title_says_one_stage_computes_at_once_in_the_singular():
+    # 2 stages x dp 2 on 2 cores at 1 thread a rank: one stage's two replicas fill the cores
+    from planner.commands.solve_report import at_once_words
+    from planner.placement import stages_at_once
+    one = stages_at_once(cores=2, threads=1, stages=2, dp=2)
+    assert at_once_words(one, 2) == ", 1 stage computes at once (shared cores)"
+    assert at_once_words(2, 3) == ", 2 stages compute at once (shared cores)"
+    assert at_once_words(None, 3) == at_once_words(3, 3) == ""

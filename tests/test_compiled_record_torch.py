@@ -2,79 +2,51 @@
 when it runs, at the project's torch (2.13), and its scaling law on two widths (docs/published-runs.md §41.cblock).
 
 The block is scripts/compiled_block_backward.py's (torchtitan 9dec370's LLaMA block), whole-block checkpointed as
-torchtitan's full AC wraps it, compiled with fullgraph on CPU. torch.profiler's memory events (profile_memory) list
-every allocation the CPU allocator makes while the compiled forward and backward run: the record's forward allocations
-must appear among the forward's in order, each to the byte, and its backward's among the backward's (the kernels' own
-workspaces, which no wrapper names, fall between).
-Skipped where torch cannot compile here."""
+torchtitan's full AC wraps it, compiled with fullgraph on CPU (scripts/compiled_record_torch_fixture.py).
+torch.profiler's memory events (profile_memory) list every allocation the CPU allocator makes while the compiled
+forward and backward run: the record's forward allocations must appear among the forward's in order, each to the
+byte, and its backward's among the backward's (the kernels' own workspaces, which no wrapper names, fall between).
+One width is compiled live; the other (every width doubled but the heads) is the fixture that script writes at the
+same torch (tests/fixtures/compiled_record_torch.json: both wrappers and the allocations torch made), held to the
+same check, and the scaling law is read between the two. Skipped where torch cannot compile here."""
 
 from __future__ import annotations
 
-import os
+import json
 import sys
 from collections import Counter
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
 from planner.profiler.compiled_record import Wrapper, block_record, degrees, scaled
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
-WIDTHS = (32, 2, 1, 16, 64, 16)  # hidden, heads, kv heads, head dim, FFN, tokens
+from compiled_record_torch_fixture import FIXTURE, WHOLE, WIDTHS, compile_and_run  # noqa: E402
 
-
-def _block():
-    """The script's Block, its import's TORCH_COMPILE_DEBUG settings undone (they would write every later compile's
-    debug files)."""
-    saved = {name: os.environ.get(name) for name in ("TORCH_COMPILE_DEBUG", "TORCH_COMPILE_DEBUG_DIR")}
-    from compiled_block_backward import Block
-
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    return Block
+EMPTY = "def forward(self, ):\n    pass\n"
 
 
-def _read(hidden, heads, kv_heads, head_dim, ffn, tokens):
-    Block = _block()
-    from torch._inductor.utils import run_and_get_code
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.manual_seed(0)
-    block = checkpoint_wrapper(Block(hidden, heads, kv_heads, head_dim, ffn).to(torch.bfloat16), preserve_rng_state=False)
-    x = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
-    grad = torch.randn(1, tokens, hidden, dtype=torch.bfloat16)
-    compiled = torch.compile(block, fullgraph=True)
-    torch._dynamo.reset()
-    try:
-        _, codes = run_and_get_code(lambda: compiled(x).backward(grad))
-    except Exception as error:  # noqa: BLE001  no compiler here: nothing to check
-        pytest.skip(f"torch.compile unavailable: {type(error).__name__}")
-    for param in block.parameters():
-        param.grad = None
-    x.grad = None
-    made = []
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as forward:
-        out = compiled(x)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as backward:
-        out.backward(grad)
-    for prof in (forward, backward):
-        made.append([event.nbytes() for event in prof.profiler.kineto_results.events()
-                     if event.name() == "[memory]" and event.nbytes() > 0])
-    empty = "def forward(self, ):\n    pass\n"
-    return block_record(Wrapper(codes[0], empty), Wrapper(codes[1], empty)), made
+def _record(codes):
+    return block_record(Wrapper(codes[0], EMPTY), Wrapper(codes[1], EMPTY))
 
 
 @pytest.fixture(scope="module")
-def readings():
-    half = _read(*WIDTHS)
-    whole = _read(*(w if at in (1, 2) else 2 * w for at, w in enumerate(WIDTHS)))  # heads kept, the rest doubled
-    return half, whole
+def stored():
+    return json.loads(FIXTURE.read_text())
+
+
+@pytest.fixture(scope="module")
+def readings(stored):
+    try:
+        codes, made = compile_and_run(*WIDTHS)
+    except Exception as error:  # noqa: BLE001  no compiler here: nothing to check
+        pytest.skip(f"torch.compile unavailable: {type(error).__name__}")
+    assert tuple(stored["widths"]) == WHOLE
+    return (_record(codes), made), (_record(stored["codes"]), stored["made"])
 
 
 def _in_order(wanted: list[int], seen: list[int]) -> bool:
@@ -82,7 +54,7 @@ def _in_order(wanted: list[int], seen: list[int]) -> bool:
     return all(any(size == got for got in it) for size in wanted)
 
 
-@pytest.mark.xdist_group("compiled_record_torch")  # one worker compiles the two widths for both tests
+@pytest.mark.xdist_group("compiled_record_torch")  # one worker compiles the live width for both tests
 def test_the_records_allocations_are_the_ones_torch_makes(readings):
     for record, (forward, backward) in readings:
         # the forward's, in order; the rng state the checkpoint saves is the CPU generator's uint8 state
@@ -96,7 +68,9 @@ def test_the_records_allocations_are_the_ones_torch_makes(readings):
 
 
 @pytest.mark.xdist_group("compiled_record_torch")
-def test_the_scaling_law_on_two_widths(readings):
+def test_the_scaling_law_on_two_widths(readings, stored):
+    if stored["torch"] != torch.__version__:  # another torch's wrappers: re-record the fixture at this one
+        pytest.skip(f"the fixture is torch {stored['torch']}'s: python scripts/compiled_record_torch_fixture.py")
     (half, _), (whole, _) = readings
     powers = degrees(half, Fraction(1, 2), whole, Fraction(1))
     assert scaled(half, Fraction(1, 2), powers) == whole

@@ -4,6 +4,7 @@ K/V exchange in time and memory (planner/cost/contextparallel.py), and --cp on t
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -224,8 +225,38 @@ def test_the_rings_memory_bound_time_reads_the_profiles_rate_and_the_compile():
         pytest.approx((2 * fwd + bwd) / (rates["eager"] * 1e9))  # the forward rerun
     fwd, bwd = 41.03125 * 10**9, (224.3125 - 41.03125) * 10**9  # inductor's count a 1e9 O, K and V elements over 3
     assert contextparallel.ring_membound_ms(block, 0, profile, compiled) == pytest.approx((fwd + bwd) / (rates["fused"] * 1e9))
-    # Transformer Engine's ring merges in its own kernels: nothing charged here
-    assert contextparallel.ring_membound_ms(block, 0, profile, _cp_setup("megatron", 100.0)) == 0.0
+    # Transformer Engine's p2p ring at the eager rate, K/V at their own heads (no repeat): O 2e9 B, KV 2e9 B at CP 4
+    fwd = 2 * 2 + 2 * 2 + 3 * 2 * 3  # GB: the K/V concatenation, the first output's scale, three corrections
+    bwd = 2 * 2 + 2 * 2 + 3 * 2 * 3 + 2 + 1.5 * 2 * 2 + 3 * 2  # the K/V copy, dq, dK/dV's halves and the diagonal
+    megatron, elementwise = _cp_setup("megatron", 100.0), rates["by_class"]["elementwise"]
+    assert elementwise == pytest.approx(0.922 * 3.35)  # the H100's elementwise class (membound_published.py)
+    assert contextparallel.ring_membound_ms(block, 0, profile, megatron) == pytest.approx((fwd + bwd) / elementwise)
+    assert contextparallel.ring_membound_ms(block, 1, profile, megatron) == \
+        pytest.approx((2 * fwd + bwd) / elementwise)
+    # a profile without classed rates: the eager mean
+    plain = SimpleNamespace(assumptions={"membound_tbps": {"eager": rates["eager"]}})
+    assert contextparallel.ring_membound_ms(block, 0, plain, megatron) == pytest.approx((fwd + bwd) / rates["eager"])
+    # each count is its library's ring: torch's alltoall rotation (torchtitan --cp-comm p2p) runs none of TE's copies,
+    # and TE's all-gather (megatron --cp-comm allgather) none of torch's merges; neither's ops read: nothing charged
+    assert contextparallel.ring_membound_ms(block, 0, profile, _cp_setup("torchtitan", 100.0, cp_comm="p2p",
+                                                                         runtime_version="9dec370")) == 0.0
+    assert contextparallel.ring_membound_ms(block, 0, profile, _cp_setup("megatron", 100.0, cp_comm="allgather")) == 0.0
+
+
+def test_transformer_engines_p2p_ring_bytes_by_hand():
+    # TE v2.9 AttnFuncWithCPAndKVP2P on rank cp - 1, causal, bf16: O 100 B (as wide as Q), K and V 10 B together
+    cp2 = ExchangeCost(ranks=2, q_bytes=100, kv_bytes=10, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
+    # forward: torch.cat(k, v) read + written 20; out_correction_init reads step 0's output, writes the output 200;
+    # step 1's correction reads the output and the step's, writes the output 300
+    assert contextparallel.p2p_ring_bytes(cp2, "forward") == 20 + 200 + 300
+    # backward: K/V into the send buffer 20; dq.copy_ 200, dq.add_ 300; dk[0], dv[0] copied from step 0's
+    # half-length gradients (5 read, 5 written) 10; the diagonal's dk, dv added at the last step 30
+    assert contextparallel.p2p_ring_bytes(cp2, "backward") == 20 + 200 + 300 + 10 + 30
+    # CP 4: two more middle steps, each an output correction (300) forward, a dq add (300) and a half dK/dV add
+    # (5 + 5 read, 5 written) backward
+    cp4 = ExchangeCost(ranks=4, q_bytes=100, kv_bytes=10, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
+    assert contextparallel.p2p_ring_bytes(cp4, "forward") == 520 + 2 * 300
+    assert contextparallel.p2p_ring_bytes(cp4, "backward") == 560 + 2 * 300 + 2 * 15
 
 
 def test_the_cp_link_is_nvlink_inside_a_node_and_the_network_across(tmp_path):

@@ -137,3 +137,55 @@ def test_the_cli_reserve_of_a_double_buffered_megatron_fsdp_job_is_the_replays(t
     # the allocator's setting reaches this replay (reserve_megatron.allocator_setting_refused lets it through)
     expandable = json.loads(run_ok(*common, "--fsdp-double-buffer", "--expandable-segments").stdout)
     assert expandable["hand"]["stages"][0]["reserved_by"] == "replay"
+
+
+def _first_step_peak(count, handler):
+    options = ["none", *["offload"] * count, *["none"] * (4 - count), "none"]
+    static, one_step = step_player(LAYERS, options, RECORDS, static=STATIC, num_microbatches=1, loss=LOSS,
+                                   keeps_logits=True, handler=handler)
+    state = allocator.CachingAllocator()
+    allocator.play(state, static)
+    allocator.play(state, one_step(0))
+    settled = allocator.settled_replay(static, one_step, min_steps=2, max_steps=4)
+    return state.allocated_peak // MIB, settled.reserved_peak_bytes
+
+
+def test_the_window_is_the_handlers_the_record_names_at_n_0_to_3():
+    """The tiny stage's first step at N = 0..3 offloaded blocks (a group: a block's 8 saved and its 4 input, 12 MiB)
+    under TE v2.9's map (L = 4: [3], [1, 3], [1, 2, 3]) and v2.10's (window[i] = L - N - 1 + i: [2], [1, 2],
+    [0, 1, 2]), by hand (MiB). Every group is dropped by the head's forward (v2.9's last window is the last block,
+    v2.10's the one before), so the head's backward holds 92 - 12 N (N = 0: the edges' 6 + 6, the embedding's
+    output 4, the slots 6, four blocks' 12 less block 4's output, the logits 16, the head's input gradient 4 and
+    bf16 gradient 6). The last block's backward starts at 76 - 12 N (the head's gradient 4 left, its bucket 6 for
+    its gradient) and adds its input gradient 4 and bf16 gradients 2, and v2.9 reloads its last group there: 82 -
+    12 N + 12, so v2.9 peaks there, 82 at N = 1 and 70 at N = 2; at N = 3 it is 58, and block 3 holds 60: block
+    4's frees leave 66 - 12 N + 12 (the reloaded last group), block 3 reloads group 1 and adds 4 + 2. v2.10 reloads
+    nothing before block 3's backward (its last window is block 3), where it holds 66 - 12 N + 12 + 6 at most: its
+    peak is the head's, 92 - 12 N."""
+    hand = {"v2.9": [92, 82, 70, 60], "v2.10": [92, 80, 68, 56]}
+    found = {handler: [_first_step_peak(count, handler) for count in range(4)] for handler in hand}
+    assert {handler: [peak for peak, _ in peaks] for handler, peaks in found.items()} == hand
+    needs = {handler: [need for _, need in peaks] for handler, peaks in found.items()}
+    assert needs["v2.10"][0] == needs["v2.9"][0]  # no window: one replay
+    assert all(needs["v2.10"][n] <= needs["v2.9"][n] for n in range(4))
+
+
+def test_v2_10_holds_a_reloaded_group_to_the_next_blocks_backward():
+    # N = 2 under v2.10 (window [1, 2]): group 1 (block 2's 8 saved, block 1's output 4) comes back before block 3's
+    # backward and stays allocated through block 2's own backward, released as block 1's begins (bwd_step, before
+    # its reloads: §428); group 0 (block 1) comes back before block 2's and is released at the backward's end,
+    # after the embedding's backward; v2.9 frees each with its own layer's backward
+    options = ["none", "offload", "offload", "none", "none", "none"]
+    events = step_player(LAYERS, options, RECORDS, static=STATIC, num_microbatches=1, loss=LOSS, keeps_logits=True,
+                         handler="v2.10")[1](0)
+    key = (0, 0)
+
+    def at(event):
+        return events.index(event)
+
+    assert at(Alloc((key, 4, 3), 4 * MIB)) < at(Alloc(("back", key, 2, 1), 8 * MIB)) < at(Alloc((key, 3, 3), 4 * MIB))
+    assert at(Alloc(("back", key, 2, 1), 8 * MIB)) < at(Alloc(("back", key, 1, 1), 8 * MIB)) < at(Alloc((key, 2, 3), 4 * MIB))
+    assert at(Alloc((key, 2, 3), 4 * MIB)) < at(Free(("back", key, 2, 1))) < at(Alloc((key, 1, 3), 4 * MIB))
+    assert at(Alloc(("wgrad", key, 0, 0), 6 * MIB)) < at(Free(("back", key, 1, 1)))
+    # autograd's frees of the held tensors free nothing: they name ("held", ...) keys
+    assert Free(("held", "back", key, 2, 1)) in events

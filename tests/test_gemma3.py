@@ -174,7 +174,20 @@ def test_hf_route_refuses_a_sequence_past_the_window_it_does_not_apply(tmp_path)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(GEMMA3))
     result = run("profile", "--hf-config", path, "--fake", "--seq-len", 128, "--out", tmp_path / "p.json")
-    assert result.exit_code == 1 and "exceeds the config's sliding_window 64" in " ".join(result.output.split())
+    told = " ".join(result.output.split())
+    assert result.exit_code == 1 and "exceeds the config's sliding_window 64" in told
+    # why, by the code: the adapter's layers run causal with no mask, transformers' own a masked kernel over every
+    # block (masking_utils.sdpa_mask, framework-facts §504); and the route that plans the window
+    assert "neither gives a window's cost" in told and "`ckplan profile --arch-config CONFIG --seq-len 128`" in told
+    assert "Traceback" not in told and not (tmp_path / "p.json").exists()
+    # Phi-3-mini's window (microsoft/Phi-3-mini-4k-instruct: sliding_window 2047), a family --arch-config does not read
+    phi3 = {"model_type": "phi3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 256,
+            "sliding_window": 64, "pad_token_id": 0}
+    path.write_text(json.dumps(phi3))
+    told = " ".join(run("profile", "--hf-config", path, "--fake", "--seq-len", 128, "--out", tmp_path / "p.json",
+                        "--dtype", "bf16").output.split())
+    assert "ckplan reads no phi3 config otherwise" in told and "give --seq-len 64 or less" in told
 
 
 def _plan(tmp_path, config: dict, stages: int):

@@ -37,3 +37,17 @@ def test_a_settled_replay_is_traced_as_the_steps_it_plays(monkeypatch, capsys):
     assert played[:1] == static and len(played) % len(_step(0)) == 1 and len(played) >= 1 + 2 * len(_step(0))
     line = [text for text in capsys.readouterr().out.splitlines() if text.startswith("rank 0:")][0]
     assert f"{len(played)} events" in line and f"reserved peak {expected.reserved_peak_bytes / 2**30:.3f} GiB" in line
+
+
+def test_small_lists_the_small_pools_segments(monkeypatch, capsys):
+    # 1,000 B and 1 MiB + 1 B: one 2 MiB small segment and one 20 MiB large one; SMALL=1 adds the small one's line
+    trace = _trace_module(monkeypatch)
+    monkeypatch.setattr(trace, "RANK", 0)
+    monkeypatch.setattr(trace, "OUT", sys.stdout)
+    events = [Alloc("tiny", 1000), Alloc("mid", MIB + 1)]
+    for small, lines in ((False, 1), (True, 2)):
+        monkeypatch.setattr(trace, "SMALL", small)
+        trace.calls.clear()
+        allocator.replay(events)  # the script's, patched in
+        out = capsys.readouterr().out
+        assert out.count(" segment ") == lines and ("small segment       2.0 MiB stream 0 for tiny" in out) == small

@@ -189,3 +189,56 @@ def test_a_timeout_under_the_replay_quotes_the_jobs_own_figures(tmp_path, profil
     assert "judged by the allocator's replay of its 2 stages" in told
     assert f"{total} of the {total} baselines were scored, and the search" in told
     assert " s " in told.split("; in ")[1] and "the search under caps found no plan in what was left" in told
+
+
+def test_a_search_over_caps_cut_with_a_plan_says_the_limit_that_lets_it_finish(profile):
+    """Mistral-Small-24B on 8 stages at 80GB (docs/published-runs.md §42.usertrial5): at the default --time-limit
+    the search over caps made 5 of its solves, gave a plan 29.7% over its bound, and said only "a faster plan may
+    fit"; at 120 s it made 13 and found one 1.5% over. The cut search now says how many solves it left and the limit
+    that would let it make them: the seconds spent, and each one left at the mean of those made."""
+    from planner.commands.solve_report import cut_short, replay_line
+    from planner.schema import SolverInfo
+
+    setup = _setup(918)
+    relaxed = replayfit.relaxed_caps(profile, setup)
+    evaluate = lambda s: costmodel.evaluate(s, profile, setup)  # noqa: E731
+    first = replaycuts.fastest_fitting(profile, setup, relaxed, known=None, upper_bound_ms=None, evaluate=evaluate,
+                                       deadline=search.Deadline(None), max_rounds=1).first
+    fits = search.plan(profile, setup, solver="dp")
+    assert fits.cost.feasible and not first.cost.feasible
+    answers = iter([fits, search.NoFit("timeout", 60.0, "dp")])
+    clock = itertools.count(5, 5)  # each reading of the clock 5 s later: the first round 5 s, its next cut at 15 s
+    searched = replayfit.search_caps(setup, relaxed, lambda caps, bar, first: next(answers), evaluate=evaluate,
+                                     least_memory=lambda: None, known_ms=None, elapsed_s=lambda: next(clock),
+                                     first=first)
+    assert searched.solve.status == "feasible" and searched.solve.replay == "searched"
+    assert (searched.solve.rounds_left, searched.solve.round_s, searched.solve.wall_s) == (
+        replayfit.REPLAY_ROUNDS - 1, 5.0, 20)
+    assert searched.solve.timed_out
+    info = SolverInfo(status="feasible", wall_s=20, replay="searched", solves=2, rounds_left=5, round_s=5.0,
+                      timed_out=True)
+    assert cut_short(info) == ("--time-limit ran out with at most 5 of the search's solves under caps unmade, 5.0 s "
+                               "each here (a DP and the allocator's replay of every stage): --time-limit 45 lets it "
+                               "finish")
+    assert "--time-limit" not in replay_line(info)
+    assert cut_short(info.model_copy(update={"rounds_left": 0, "timed_out": False})) is None
+
+
+def test_a_solve_the_deadline_stopped_says_so(tmp_path, profile):
+    """Phi-4 on 4 stages at 80GB (§42.usertrial5): the default --time-limit stopped the DP, solve returned the
+    full-checkpointing baseline "feasible, gap 2.26e-01" and said the status "holds against the replay", never that
+    the limit had cut it. A plan the deadline stopped is now marked and said so."""
+    from planner.commands.solve_report import cut_short
+    from planner.schema import SolverInfo
+
+    setup = _setup(918)
+    fits = search.plan(profile, setup, solver="dp")
+    assert not fits.solve.timed_out
+    stopped = search.plan(profile, setup, solver="dp", start=fits.stages, upper_bound_ms=fits.cost.iteration_ms,
+                          deadline=search.Deadline(1e-9))
+    assert stopped.solve.status == "feasible" and stopped.solve.timed_out
+    assert stopped.cost.iteration_ms == fits.cost.iteration_ms
+    info = SolverInfo(status="feasible", wall_s=61.25, timed_out=True)
+    assert cut_short(info) == ("--time-limit ran out after 61.2 s, before the solver finished: this is the best plan "
+                               "it had then (a baseline where it had none faster); a longer --time-limit lets it "
+                               "finish and may find a faster plan")

@@ -4,6 +4,7 @@ by hand on a tiny block, the FP8 saved inputs in place of the bf16 ones, and a M
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 from click.testing import CliRunner
@@ -106,7 +107,7 @@ def test_the_fp8_saved_inputs_by_hand():
     profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
     tensors = cost_fp8.saved_inputs(profile)
     assert tensors == {"norm_bf16": 2 * T * h, "norm": T * h, "attn_out": 2 * T * q, "proj": T * q,
-                       "fc1_bf16": 2 * S * h, "fc1": S * h, "fc2_bf16": 2 * S * f, "fc2": S * f}
+                       "fc1_bf16": 2 * S * h, "fc1": S * h, "fc2_bf16": 2 * S * f, "fc2": S * f, "router": 3}
     assert cost_fp8.saved_inputs_delta(tensors) == -T * h + T * q - S * h - S * f == -10240
 
 
@@ -142,6 +143,23 @@ def test_under_megatrons_float8_a_moe_block_keeps_its_inputs_in_fp8():
         count = sum(1 for c in [*record.forward, *record.backward] if c > 0)
         freed = {-c for c in [*record.forward, *record.backward] if c < 0}
         assert set(range(1, count + 1)) - freed == {record.output, record.input_grad}
+
+
+def test_with_the_aux_loss_the_fp8_inputs_are_still_found_past_its_intermediate():
+    """The router's aux loss keeps one more tensor before linear_fc1's input (te_moe_kept.py: its bf16 T x E
+    intermediate): the FP8 record is still rewritten, by the same bytes, the intermediate kept beside it."""
+    aux = dataclasses.replace(TINY, name="tiny-moe-fp8-aux", router_aux_loss=True)
+    profile = analytic.analytic_profile(aux, SHAPE, gpu=H100, model=REF)
+    assert cost_fp8.saved_inputs(profile)["router"] == 4
+    bf16, after = float8_profile(profile, _setup(float8=False)), float8_profile(profile, _setup(float8=True))
+    moe = [(old, new) for old, new in zip(bf16.layers, after.layers, strict=True) if old.kind == "moe_block"]
+    assert moe
+    for old, new in moe:
+        kept = {o.name: o.kept_bytes for o in old.recompute_options}
+        assert {o.name: o.kept_bytes for o in new.recompute_options}["none"] == kept["none"] - 10240
+        made = [c for c in new.alloc_records["none"].forward if c > 0]
+        mixture = [4 * T * 8, T * 8, 2 * T * 8, 4 * S]
+        assert _holds(made, [2 * T * q, T * q, 2 * T * h, 4 * T, 2 * T * h, *mixture, S * h, 2 * S * 2 * f])
 
 
 def _holds(sizes: list[int], run: list[int]) -> bool:

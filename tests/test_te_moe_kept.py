@@ -66,6 +66,29 @@ def test_megatrons_moe_blocks_keep_its_tensors_and_moe_act_frees_fc2s_input():
             assert set(range(1, count + 1)) - freed == {record.output, record.input_grad}
 
 
+def test_the_aux_loss_keeps_its_intermediate_after_the_routing_map():
+    """Megatron-core's aux_loss (Arch.router_aux_loss): TE v2.9's FusedComputeScoresForMoEAuxLoss saves its T x E
+    intermediate in the logits' bf16 (router.py 152), made after the top-k's scores and map: 2 x 64 x 8 = 1,024 B
+    more kept under every option that keeps the mixture, in none's record where the router runs."""
+    profile = _profile(replace(TINY, name="tiny-aux", router_aux_loss=True))
+    found = te_moe_kept.mixtures(profile)
+    assert found["mcore"] == [*MEGATRON[:2], 2 * 64 * 8, *MEGATRON[2:]] and found["router"] == 4
+    assert te_moe_kept.mixtures(_profile())["router"] == 3
+    after = te_moe_kept.megatron_moe_profile(profile, megatron())
+    for old, new in zip(profile.layers, after.layers, strict=True):
+        if old.kind != "moe_block":
+            continue
+        kept = {o.name: o.kept_bytes for o in old.recompute_options}
+        now = {o.name: o.kept_bytes for o in new.recompute_options}
+        assert now["none"] == kept["none"] - 26112 + 1024 and now["mlp"] == kept["mlp"]
+        record = new.alloc_records["none"]
+        made = [code for code in record.forward if code > 0]
+        assert found["mcore"] == made[made.index(MEGATRON[0]):][:len(found["mcore"])]
+        count = sum(1 for code in [*record.forward, *record.backward] if code > 0)
+        freed = {-code for code in [*record.forward, *record.backward] if code < 0}
+        assert set(range(1, count + 1)) - freed == {record.output, record.input_grad}
+
+
 def test_another_runtime_keeps_the_eager_mixture():
     profile = _profile()
     assert te_moe_kept.megatron_moe_profile(profile, runtimes._of("torchtitan", None, False)) == profile

@@ -120,6 +120,8 @@ def test_a_megatron_script_is_compared_with_the_built_in_it_describes():
     job = megatron.read(SHIPPED / "mixtral_8x7b_distributed.sh")
     record = from_framework_job(job, arch=archs.arch("mixtral-8x7b"), gpu="h100", seq_len=4096)
     assert (record.arch, record.tp, record.pp, record.ep, record.micro_batch_size) == ("mixtral-8x7b", 1, 4, 8, 1)
+    # its --moe-aux-loss-coeff 1e-2 is a loss the job trains with, not the model: scored without it, and said
+    assert job.arch.router_aux_loss and "the router's aux loss" in record.not_expressible
     with pytest.raises(UserError, match="describes another model than the one searched"):
         from_framework_job(job, arch=archs.arch("llama3-8b"), gpu="h100", seq_len=4096)
 

@@ -53,8 +53,8 @@ def _check_made_at(profile, ep: int) -> None:
 
 def remake_command(profile, ep: int) -> str:
     """The `ckplan profile` line that makes this analytic profile again at expert parallelism `ep`:
-    its model and the options it records (--mfu, --capacity-factor, --compiled, --attention-kernel where not the
-    default)."""
+    its model and the options it records (--mfu, --capacity-factor, --compiled, --attention-kernel, --optimizer-impl
+    where not the default)."""
     facts = profile.assumptions
     ref = profile.model.file if profile.model is not None else ""
     model = f"--arch {ref[len('arch:'):]}" if ref.startswith("arch:") else f"--arch-config {ref or 'CONFIG'}"
@@ -66,6 +66,7 @@ def remake_command(profile, ep: int) -> str:
     parts += [f"--attention {facts['attention']}"] if facts.get("attention", "flash") != "flash" else []
     parts += ([f"--attention-kernel {facts['attention_kernel']}"] if facts.get("attention_kernel", "flash2") != "flash2"
               else [])
+    parts += [f"--optimizer-impl {facts['optimizer_impl']}"] if facts.get("optimizer_impl", "fused") != "fused" else []
     parts += [f"--gpu {facts['gpu']}"] if facts.get("gpu") else []
     parts += [f"--dtype {profile.dtype}"] if profile.dtype != "bfloat16" else []
     parts += [f"--mfu {facts['mfu']:g}"] if facts.get("mfu") is not None else []

@@ -83,7 +83,7 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
         out = plan_path.with_name(_export_name(target, plan_path.stem, result.suffix, torchtitan_version))
         io.check_outputs({"--out": out}, inputs=inputs)
     io.write_atomic(out, result.text)
-    _report(plan, result, out)
+    _report(plan, result, out, optimizer_impl=profile.assumptions.get("optimizer_impl"))
     if target == "torchtitan" and torchtitan_base is not None:
         _unchecked_base(torchtitan_base, profile)
 
@@ -319,15 +319,24 @@ def _exporter(target, plan, profile, plan_file, torchtitan_version, torchtitan_b
     return module.export(plan, profile, plan_file=plan_file)
 
 
-def _report(plan, result, out: Path) -> None:
+def _report(plan, result, out: Path, *, optimizer_impl: str | None = None) -> None:
+    """What the framework cannot express, what was rounded, and the exact and rounded plans scored; `optimizer_impl`:
+    the profile's Adam step where it is not the fused one (`ckplan profile --optimizer-impl`), which no file written
+    here selects: the framework steps its own Adam, while the figures keep the profile's step."""
     from rich.markup import escape
 
     from planner.commands.evaluate import stage_columns, stage_rows
     from planner.console import console, table, warn
+    from planner.models.optimizer_impls import IMPL_HELP
     from planner.units import format_ms
 
     for item in result.cannot_express:
         console.print(escape(f"{result.target} cannot express: {item}"), soft_wrap=True)
+    if optimizer_impl:
+        console.print(escape(f"{result.target} cannot express: the profile's Adam step (--optimizer-impl "
+                             f"{optimizer_impl}: {IMPL_HELP.get(optimizer_impl, optimizer_impl)}); the file steps "
+                             f"{result.target}'s own Adam, and the figures below keep the profile's step"),
+                      soft_wrap=True)
     for item in result.rounded.changes or ["nothing; the export is the plan exactly"]:
         console.print(escape(f"rounded: {item}"), soft_wrap=True)
     scored = result.scored

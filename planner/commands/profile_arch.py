@@ -12,7 +12,7 @@ from planner.errors import UserError
 # options that only the measured profiler reads, and those only the analytic one reads
 MEASURED_ONLY = ("device", "warmup", "repeats", "threads", "timeout_s")
 ANALYTIC_ONLY = ("seq_len", "tp", "sp", "cp", "ep", "attention", "attention_kernel", "gpu", "mfu", "capacity_factor",
-                 "compiled")
+                 "compiled", "optimizer_impl")
 
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -27,6 +27,7 @@ def options(command):
     """The analytic profiler's options, added to `ckplan profile`."""
     from planner.models.archs import ARCHS, GPUS
     from planner.models.attention_kernels import FLASH2, KERNEL_HELP, KERNELS
+    from planner.models.optimizer_impls import FUSED, IMPL_HELP, IMPLS
 
     decorators = [
         click.option("--arch", default=None, metavar="NAME",
@@ -55,6 +56,9 @@ def options(command):
                           "rate on the --gpu; " + "; ".join(f"{name}: {text}" for name, text in KERNEL_HELP.items())
                           + ". Where none is published for the --gpu, its FlashAttention-2 figures are charged and "
                             "the profile says so."),
+        click.option("--optimizer-impl", type=click.Choice(IMPLS), default=FUSED, show_default=True,
+                     help="With --arch: the kernels the job's Adam step runs, timed per layer; "
+                          + "; ".join(f"{name}: {text}" for name, text in IMPL_HELP.items()) + "."),
         click.option("--gpu", default="h100-sxm", show_default=True,
                      help=f"With --arch or --fake: the device whose peak sets the times and whose memory becomes "
                           f"`ckplan solve`'s default --mem: {', '.join(GPUS)} (h100 = h100-sxm)."),
@@ -144,7 +148,7 @@ def _flag(ctx: click.Context, name: str) -> str:
 def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None, arch_config: Path | None,
         seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float | None,
         capacity_factor: float = 1.0, compiled: bool = False, cp: int = 1, ep: int = 1,
-        attention_kernel: str = "flash2") -> None:
+        attention_kernel: str = "flash2", optimizer_impl: str = "fused") -> None:
     from pydantic import ValidationError
 
     from planner import io
@@ -168,7 +172,7 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
         raise UserError(f"{spec.name} at --seq-len {seq_len} and --micro-batch-size {micro_batch_size} gives "
                         f"numbers no device holds ({io.describe_error(exc)}); check --seq-len, "
                         "--micro-batch-size and the config's sizes") from exc
-    profile = _with_host_step(_with_model_facts(profile, spec, dtype))
+    profile = _with_optimizer_impl(_with_host_step(_with_model_facts(profile, spec, dtype)), optimizer_impl, device)
     profile = profile.model_copy(update={"assumptions": profile.assumptions | {
         "attention_kernel": attention_kernel, **({"attention_kernel_not_modelled": kernel_unmodelled}
                                                  if kernel_unmodelled else {})}})
@@ -252,6 +256,21 @@ def _with_model_facts(profile, spec, dtype: str):
     return profile.model_copy(update={"assumptions": profile.assumptions | facts})
 
 
+def _with_optimizer_impl(profile, impl: str, gpu):
+    """Each layer's Adam step as the job's optimizer runs it (planner/models/optimizer_impls.py), recorded in the
+    profile's assumptions; the fused step the analytic profile times is kept for `fused` (and for SGD)."""
+    from planner.models import optimizer_impls
+
+    if impl == optimizer_impls.FUSED:
+        return profile
+    layers = [layer.model_copy(update={"step_ms": layer.step_ms | {
+        "adam": optimizer_impls.adam_step_ms(impl, layer.param_count, gpu)}}) for layer in profile.layers]
+    return profile.model_copy(update={"layers": layers, "assumptions": profile.assumptions | {
+        "optimizer_impl": impl, "optimizer_impl_source": optimizer_impls.DECOUPLED_ADAMW_SOURCE,
+        "optimizer_step": f"Adam: {impl}, {optimizer_impls.DECOUPLED_ADAMW_BYTES} bytes per parameter / the eager "
+                          "elementwise rate; SGD: 20 bytes per parameter / HBM bandwidth"}})
+
+
 def _with_host_step(profile):
     """The host's optimizer step an offloaded optimizer takes: Adam at the published server
     figure (archs.HOST_ADAM_NS_PER_PARAM, not this machine's CPU, which trains nothing), SGD
@@ -319,6 +338,8 @@ def _report(profile, spec, shape, out: Path) -> None:
     info(f"{_timing(facts)}; "
          f"`ckplan solve` defaults --mem to {format_bytes(facts['gpu_usable_bytes'])}, what a process can "
          f"allocate on the {facts['gpu']}")
+    if facts.get("optimizer_impl"):
+        info(f"optimizer step: {facts['optimizer_step']} ({facts['optimizer_impl_source']})")
     if spec.max_position_embeddings and shape.seq_len > spec.max_position_embeddings:
         warn(f"--seq-len {shape.seq_len} exceeds {spec.name}'s max_position_embeddings "
              f"{spec.max_position_embeddings}")

@@ -60,6 +60,9 @@ def _schedules(text: str | None, runtime: str, settings) -> tuple[str, ...]:
 @click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Tokens per sequence (required with a model).")
 @click.option("--runtime", type=click.Choice(["ckplan", "megatron", "torchtitan", "colossalai", "deepspeed"]),
               default="ckplan", show_default=True, help="The framework that will run it: its way is charged.")
+@click.option("--attention-kernel", type=click.Choice(("flash2", "flash1")), default=None,
+              help="The flash kernel the job's attention runs, as `ckplan profile --attention-kernel` [default: "
+                   "flash2, or a --profile's own].")
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "bf16-mixed"]), default="bf16-mixed",
               show_default=True)
@@ -109,7 +112,7 @@ def _schedules(text: str | None, runtime: str, settings) -> tuple[str, ...]:
 @click.option("--json", "as_json", is_flag=True, help="The whole ranking as JSON on stdout.")
 @search_settings.settings_options
 def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node, nvlink_domain, global_batch, seq_len,
-            runtime,
+            runtime, attention_kernel,
             optimizer, precision, recompute, mem, schedule_list, chunk_counts, micro_batch_sizes, top, time_limit,
             compare, tp, sp, pp, dp, zero, shard_group, ep, micro_batch_size, schedule, chunks, from_megatron, from_torchtitan, hand_recompute, out,
             launch_files, entry, torchtitan_version, as_json, settings, tp_overlap, deepspeed) -> None:
@@ -154,7 +157,9 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
         say(f"the {model.profile.source} profile's experts' times are one device's, running every expert over its "
             "share of the tokens: every ep is scored with them (an ep rank's fewer, larger GEMMs not timed)")
     loss_compiled = settings.compile_model if settings.compile_loss is None else settings.compile_loss
-    profile_for = model.profile_for(device, seq_len, compiled=settings.compile_model, compiled_loss=loss_compiled)
+    kernel = _attention_kernel(attention_kernel, model, device, seq_len, say)
+    profile_for = model.profile_for(device, seq_len, compiled=settings.compile_model, compiled_loss=loss_compiled,
+                                    kernel=kernel)
     sample = model.profile or profile_for(min(job.tp_ok), False, 1)
     training = search_settings.checked(settings, tp_overlap=tp_overlap, runtime=runtime, job=job, sample=sample,
                                        arch_given=model.arch is not None, say=say)
@@ -259,20 +264,25 @@ class _Model:
     def arch_name(self) -> str | None:
         return self.arch.name if self.arch is not None else None
 
-    def profile_for(self, device, seq_len: int, *, compiled: bool = False, compiled_loss: bool = False):
+    def profile_for(self, device, seq_len: int, *, compiled: bool = False, compiled_loss: bool = False,
+                    kernel: str = "flash2"):
         """(tp, sp, micro-batch size, cp, ep) -> the profile scored, its experts' GEMMs timed as an
         expert-parallel rank of ep runs them (formulas.Shape.ep); `compiled` (--compile model): each
         block keeps what it keeps and runs the passes it runs under torch.compile where the analytic
         profiler records them; `compiled_loss` (--compile loss): the profile records the compiled
-        loss's time (the runtime's record says whether it compiles it)."""
+        loss's time (the runtime's record says whether it compiles it); `kernel` (--attention-kernel): the
+        flash kernel whose published rate times attention (planner/models/attention_kernels.py)."""
         if self.profile is not None:
             return self._given
         from planner.commands.profile_arch import _with_host_step, _with_model_facts, check_ep
+        from planner.models.attention_kernels import kernel_gpu
         from planner.profiler.analytic import Shape, analytic_profile
         from planner.profiler.compiled_kept import compiled_layers
         from planner.profiler.compiled_time import timed_layers
 
         host: dict = {}  # the host's optimizer step, timed once (profile_arch times it per profile)
+        device, unmodelled = kernel_gpu(device, kernel)
+        recorded = {"attention_kernel": kernel} | ({"attention_kernel_not_modelled": unmodelled} if unmodelled else {})
 
         def build(tp: int, sp: bool, mbs: int, cp: int = 1, ep: int = 1):
             check_ep(self.arch, ep)  # a hand or published configuration's ep the experts do not divide
@@ -284,8 +294,8 @@ class _Model:
             if not host:
                 timed = _with_host_step(profile)
                 host.update(step=timed.host_step_ns_per_param, note=timed.assumptions["host_step"])
-            return profile.model_copy(update={"host_step_ns_per_param": host["step"],
-                                              "assumptions": profile.assumptions | {"host_step": host["note"]}})
+            return profile.model_copy(update={"host_step_ns_per_param": host["step"], "assumptions": (
+                profile.assumptions | {"host_step": host["note"]} | recorded)})
 
         return build
 
@@ -329,6 +339,26 @@ def _model(arch, config, profile_path, *, both: bool, settings=None, flag: str =
         return _Model(profile=compiled_profile(io.load_profile(profile_path), settings), ref=None)
     spec, ref = _arch(arch, config, flag)
     return _Model(arch=spec, ref=ref)
+
+
+def _attention_kernel(kernel: str | None, model: _Model, device, seq_len: int, say) -> str:
+    """The flash kernel the searched profiles time attention with: --attention-kernel (flash2 unless given), checked
+    as `ckplan profile` checks it; a --profile's own, which the option may only repeat."""
+    from planner.commands.profile_arch import _check_kernel_window
+    from planner.models.attention_kernels import FLASH2, kernel_gpu
+
+    if model.profile is not None:
+        made = model.profile.assumptions.get("attention_kernel", FLASH2)
+        if kernel is not None and kernel != made:
+            raise UserError(f"--attention-kernel {kernel}: the profile's attention was timed with {made} when it was "
+                            f"made (`ckplan profile --attention-kernel`); drop the option, or profile again with it")
+        return made
+    kernel = kernel or FLASH2
+    _check_kernel_window(model.arch, kernel, seq_len)
+    unmodelled = kernel_gpu(device, kernel)[1]
+    if unmodelled:
+        say(unmodelled)
+    return kernel
 
 
 def _gpu(name: str, model: _Model):

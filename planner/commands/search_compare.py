@@ -175,6 +175,8 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | No
     recompute, ckpt, unsaid = _framework_recompute(job, stages, op_level_sac=bool((settings or {}).get("op_level_sac")))
     unmodelled = [setting.name for setting in job.of("not modelled")] + unsaid + _settings_unsaid(job.modelled,
                                                                                                   settings or {})
+    if job.arch.router_aux_loss and not arch.router_aux_loss:  # a training loss, not the model: scored without it
+        unmodelled.append("the router's aux loss (scored without it, as the searched model's router)")
     if job.cp > 1:  # a Published record carries no CP degree: scored at CP 1, said (evaluate --from-* scores it)
         unmodelled.append(f"context parallelism {job.cp} (scored at CP 1 here; `ckplan evaluate --from-"
                           f"{job.framework}` scores it)")
@@ -229,9 +231,10 @@ def _said(value) -> str:
 # have no effect on the plan) while the built-in architectures carry their model cards' values
 # what names a model or is how one implementation runs it, not what the model is: routing_weight_bytes and
 # renormalizes_top_k are the router's ops as transformers runs them (archs.Arch, counted by analytic_moe), which a
-# framework's file never says (Megatron-LM's router is its own)
+# framework's file never says (Megatron-LM's router is its own); router_aux_loss is a loss the job trains with
+# (a Megatron file's --moe-aux-loss-coeff), said in not_expressible where the searched model's router runs without it
 _ARCH_LABELS = ("name", "source", "max_position_embeddings", "rope_theta", "norm_eps", "rope_scaling",
-                "routing_weight_bytes", "renormalizes_top_k")
+                "routing_weight_bytes", "renormalizes_top_k", "router_aux_loss")
 
 
 def _framework_recompute(job, stages: int, *, op_level_sac: bool = False):

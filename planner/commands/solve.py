@@ -149,6 +149,10 @@ def _summary(plan, cost, out: Path, ranges) -> dict:
         "solve_s": plan.solver.wall_s,
         "replay": plan.solver.replay,  # "relaxed", "cut" (the status holds against the replay: replaycuts), "searched"
         "solves": plan.solver.solves,
+        # the search over caps cut by --time-limit: at most this many solves unmade, each about round_s seconds
+        "rounds_left": plan.solver.rounds_left,
+        "round_s": plan.solver.round_s,
+        "timed_out": plan.solver.timed_out,  # --time-limit stopped a solver before it finished
         "iteration_ms": plan.predicted.iteration_ms,
         "stages": stages_json(plan.stages, cost, ranges),
         "baselines": [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from planner.console import bar, console, narrow, percent, table
@@ -15,6 +16,14 @@ def dp_words(setup) -> str:
     if setup.data_parallel.dp == 1 and not setup.data_parallel.offload:
         return ""
     return f", dp {setup.data_parallel.dp}, {dataparallel.described(setup)}"
+
+
+def at_once_words(parallel_stages: int | None, stages: int) -> str:
+    """The title's note on stages that share the cores, or nothing when all compute at once."""
+    if not parallel_stages or parallel_stages >= stages:
+        return ""
+    verb = "stage computes" if parallel_stages == 1 else "stages compute"
+    return f", {parallel_stages} {verb} at once (shared cores)"
 
 
 def _layer_range(layers: list[str]) -> str:
@@ -115,8 +124,7 @@ def print_plan(plan, out: Path) -> None:
              f"{setup.pipeline.schedule}, {setup.training.optimizer} {setup.training.precision}{dp_words(setup)}, "
              f"scored for {setup.training.runtime}'s runtime"
              + (", whole-layer recompute only" if setup.training.recompute == "whole-layer" else ""))
-    if setup.pipeline.parallel_stages and setup.pipeline.parallel_stages < setup.pipeline.stages:
-        title += f", {setup.pipeline.parallel_stages} stages compute at once (shared cores)"
+    title += at_once_words(setup.pipeline.parallel_stages, setup.pipeline.stages)
     memory = ["peak", *(RESERVED_COLUMNS if cuda else []), "cap"]
     columns = ["stage", "layers", "#", "checkpointed", *memory, "peak / cap", "time/mb"]
     if narrow() or cuda:  # checkpointed layers as a count of the stage's, the bar as a percentage: 80
@@ -136,8 +144,9 @@ def print_plan(plan, out: Path) -> None:
     solver = plan.solver
     gap = "" if solver.gap is None else f", gap {solver.gap:.2e}"
     console.print(f"solver: {solver.name}, {solver.status}{gap} in {solver.wall_s:.2f} s; plan written to {out}")
-    if (line := replay_line(solver)) is not None:
-        console.print(line)
+    for line in (replay_line(solver), cut_short(solver)):
+        if line is not None:
+            console.print(line)
 
 
 def replay_line(solver) -> str | None:
@@ -152,9 +161,27 @@ def replay_line(solver) -> str | None:
                 f"'{solver.status}' holds against the replay, over the checkpoint sets the DP weighs (each range's "
                 "undominated sets)")
     if solver.replay == "searched":
-        return (f"the plan the rows that admit every plan the replay admits gave does not fit the replay; this is "
-                f"the fastest that fits of {solver.solves} solves under caps between and cut solves (or the plan "
-                "that needs least), its gap against the highest of their bounds: a faster plan may fit")
+        said = ("the plan solved under rows that admit every plan the replay admits does not fit the replay; this is "
+                f"the fastest that fits of {solver.solves} solves (the cuts', and the search's under caps between "
+                "those rows and the caps given, or the plan that needs least), its gap against the highest of their "
+                "bounds: a faster plan may fit")
+        return said
+    return None
+
+
+def cut_short(solver) -> str | None:
+    """Where --time-limit stopped the solver before it finished, that it did; where it cut the search over caps,
+    the rounds left and the limit that would let it finish (the time spent, and each round left at the mean of
+    those made: a solve and its plan's replay)."""
+    if solver.rounds_left and solver.round_s:
+        needed = math.ceil(solver.wall_s + solver.rounds_left * solver.round_s)
+        return (f"--time-limit ran out with at most {solver.rounds_left} of the search's solves under caps unmade, "
+                f"{solver.round_s:.1f} s each here (a DP and the allocator's replay of every stage): --time-limit "
+                f"{needed} lets it finish")
+    if solver.timed_out:
+        return (f"--time-limit ran out after {solver.wall_s:.1f} s, before the solver finished: this is the best plan "
+                "it had then (a baseline where it had none faster); a longer --time-limit lets it finish and may "
+                "find a faster plan")
     return None
 
 

@@ -256,6 +256,8 @@ def setting_notes(profile, *, runtime: str, settings: dict, say) -> None:
     from planner.cost import runtimes
 
     record = runtimes.facts(runtime, settings["runtime_version"])
+    if profile.assumptions.get("optimizer_impl"):
+        say(_optimizer_impl_note(profile, runtime))
     if record.fused_kernels:
         say(_fused_kernels_note(profile, record))
     if settings["float8"] and not record.float8_memory and record.te_float8_saved_inputs:
@@ -270,6 +272,16 @@ def setting_notes(profile, *, runtime: str, settings: dict, say) -> None:
     loss = settings["compile"] if settings.get("compile_loss") is None else settings["compile_loss"]
     if settings["compile"] or loss:
         say(f"--compile {compile_said(settings['compile'], loss)}: " + _compile_note(profile, record, settings["compile"], loss))
+
+
+def _optimizer_impl_note(profile, runtime: str) -> str:
+    """The Adam step the profile times (`ckplan profile --optimizer-impl`), charged in place of the runtime's own:
+    the option names the job's optimizer, which no runtime record reads; its step's scratch stays the runtime's."""
+    from planner.models.optimizer_impls import IMPL_HELP
+
+    impl = profile.assumptions["optimizer_impl"]
+    return (f"--optimizer-impl {impl} (the profile's): each layer's Adam step is timed as {IMPL_HELP.get(impl, impl)}, "
+            f"in place of the Adam step --runtime {runtime} runs; the step's scratch memory is still the runtime's")
 
 
 def _delayed_note(profile, settings: dict) -> str:

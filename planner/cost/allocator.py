@@ -52,6 +52,7 @@ from typing import NamedTuple
 
 from planner.cost.allocator_segments import (  # noqa: F401 (the size classes, named from here too)
     LARGE_BUFFER,
+    MAX_NON_SPLIT_ROUNDING,
     MIB,
     MIN_BLOCK_BYTES,
     MIN_LARGE_ALLOC,
@@ -106,7 +107,17 @@ def allocated_limit(reservable: float, fragmentation: float) -> float:
 #   used on another stream (record_stream) is not free until that stream's event completes
 #   (free is deferred to process_events): Free(deferred=True) holds it until its Ready(key) or a Sync().
 # - With max_split_size set, a request below it is never served by a block at or above it, and
-#   a request at or above it only by a block less than kLargeBuffer larger (get_free_block).
+#   a request at or above it only by a block less than max_non_split_rounding_size (kLargeBuffer by default)
+#   larger (get_free_block).
+#
+# The torchtitan rows ran torch 2.6.0 (git 2236df17; torchtitan 9dec370's own torch 1963fc8 is of the same December
+# 2024 main). 001074d25084 is older than 2.6.0 (it has no max_non_split_rounding_size, which 2.6.0's
+# CUDAAllocatorConfig.h has), and a later copy (ROCm/pytorch 08b2238d, c10 AcceleratorAllocatorConfig) has the same
+# get_free_block, should_split, get_allocation_size, round_size, try_merge_blocks and malloc order at the defaults:
+# at the defaults these jobs run (no PYTORCH_CUDA_ALLOC_CONF across nodes, no memory fraction) the rules above are
+# 2.6.0's too (docs/framework-facts.md §464-§466). A collective's tensors are freed at once where the job sets
+# TORCH_NCCL_AVOID_RECORD_STREAMS=1 (torchtitan does: §467-§468); without it ProcessGroupNCCL records its stream on
+# them and their frees wait for its events (Free(deferred=True)).
 
 
 # Events are named tuples: a stage's step makes thousands, and the replay runs once per stage of
@@ -221,7 +232,7 @@ class CachingAllocator(SegmentPools):
             return False
         if size < self.max_split:
             return block.size >= self.max_split
-        return block.size >= size + LARGE_BUFFER
+        return block.size >= size + MAX_NON_SPLIT_ROUNDING
 
     def _should_split(self, block: _Block, size: int) -> bool:
         remaining = block.size - size

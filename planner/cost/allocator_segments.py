@@ -20,6 +20,12 @@ SMALL_BUFFER = 2 * MIB  # kSmallBuffer: segment size for small requests
 LARGE_BUFFER = 20 * MIB  # kLargeBuffer: segment size for requests between 1 MiB and 10 MiB
 MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc: from here a request gets its own segment
 ROUND_LARGE = 2 * MIB  # kRoundLarge: a large segment's size is a multiple of this
+# get_free_block's "oversized block ... rounded up but within a limit": a request at or above max_split_size takes a
+# cached block only if it is less than this much larger. torch 2.6.0 reads it from PYTORCH_CUDA_ALLOC_CONF's
+# max_non_split_rounding_mb (CUDAAllocatorConfig.h 70-72, 125 in the 2.6.0 wheel, git 2236df17), default kLargeBuffer
+# (CUDAAllocatorConfig's constructor); 001074d25084, older, adds kLargeBuffer itself: the same 20 MiB unless that
+# option is set (docs/framework-facts.md §464-§465)
+MAX_NON_SPLIT_ROUNDING = LARGE_BUFFER
 
 def block_bytes(nbytes: int) -> int:
     """The bytes the caching allocator counts for a request of `nbytes` (round_size)."""

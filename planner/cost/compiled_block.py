@@ -6,17 +6,19 @@ make for that block under the job's settings (LayerProfile.compiled_records, pla
 Float8 linears, AsyncTP's fused ops), the block's backward is that record's program, not the eager block's terms:
 - the cost model's extra for the layer is the record's backward peak (its own buffers, the received gradient of the
   block's output first) in place of the eager terms the compiled backward holds instead: the layer's transient and
-  rerun (Float8's casts in it), the rerun's all-gathered TP inputs and repeat_kv's copies. What runs outside the
-  compiled graph stays charged as before: FSDP2's gathered weights and gradients, context parallelism's ring (no
-  record read under CP: none matches), the pipeline's buffers;
+  rerun (Float8's casts in it), the rerun's all-gathered TP inputs and repeat_kv's copies, and under context
+  parallelism the ring's buffers (contextparallel.extra_bytes): torch 2.6.0's ring is traced into the block's one
+  graph (fullgraph, no graph break: docs/framework-facts.md §30, §456), so a record read at the job's CP degree holds
+  it (scripts/compiled_block_cp.py, §42.cpblock). What runs outside the compiled graph stays charged as before:
+  FSDP2's gathered weights and gradients, the pipeline's buffers;
 - the FSDP2 replay (fsdp2_layers.chunk_layers) plays the record's forward (the forward wrapper's buffers, freed where
   it frees them) and its backward less the weights' gradients, which FSDP2's replay makes itself, each where the
-  record makes it (`grads_at`).
+  record makes it (`grads_at`); under CP, the record's ring and no cpring program beside it.
 Under no other settings or option, and on any other layer, nothing changes."""
 
 from __future__ import annotations
 
-from planner.cost import compiledrerun, cpring, runtimes
+from planner.cost import compiledrerun, contextparallel, cpring, runtimes
 from planner.cost.layers import LayerCost
 from planner.cost.repeatedkv import repeated_kv_extra_bytes
 from planner.cost.rules import layer_extra_bytes
@@ -28,19 +30,24 @@ def settings_key(setup: TrainSetup) -> str:
     """The key the profile's compiled records are held by for this job (compiled_blocks.settings_key's form): "float8"
     for torchao's Float8 linears as eab345c runs them, which save their float8 input (the record's
     float8_saves_input, torchtitan 9dec370's: the records were read at eab345c), "float8-recast" for a torchao that
-    casts the saved bf16 input again in the backward (another program: no record read); "async-tp"."""
+    casts the saved bf16 input again in the backward (another program: no record read); "async-tp"; "cp<N>" under
+    context parallelism by torch's all-gather ring, the readings' ("cp<N>-<exchange>" for another: none read)."""
     settings = []
     record = runtimes.of(setup.training)
     if setup.training.float8 and record.float8 == "torchao":
         settings.append("float8" if record.float8_saves_input else "float8-recast")
     if setup.comm.tp_overlap == "async-tp":
         settings.append("async-tp")
+    if setup.comm.cp > 1:  # the CP readings ran torch's all-gather rotater (scripts/compiled_block_cp.py): another
+        # exchange (--cp-comm p2p, torch's alltoall rotation) is another program in the graph, no record read for it
+        kind = contextparallel.comm_type(setup.training)
+        settings.append(f"cp{setup.comm.cp}" if kind == "allgather" else f"cp{setup.comm.cp}-{kind}")
     return ",".join(sorted(settings))
 
 
 def record(known: LayerProfile, option: str, setup: TrainSetup) -> AllocRecord | None:
     """The layer's compiled record where the job plays it (module docstring), else None."""
-    if option != OPTION_FULL or setup.comm.cp > 1 or not known.compiled_records:
+    if option != OPTION_FULL or not known.compiled_records:
         return None
     if not compiledrerun.rerun_partitioned(known.kind, setup.training):
         return None
@@ -116,8 +123,9 @@ def _known(layer: LayerCost, profile: Profile) -> LayerProfile | None:
 
 def extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
     """The compiled record's peak in place of the eager terms it replaces (module docstring): the record's, less the
-    layer's transient and rerun, the rerun's gathered TP inputs and repeat_kv's copies; 0 where no record plays."""
-    if option != 1 or setup.comm.cp > 1 or not compiledrerun.rerun_partitioned(layer.kind, setup.training):
+    layer's transient and rerun, the rerun's gathered TP inputs, repeat_kv's copies and the CP ring's buffers; 0 where
+    no record plays."""
+    if option != 1 or not compiledrerun.rerun_partitioned(layer.kind, setup.training):
         return 0  # before the profile's layer is looked up: a scan of the layers, per layer (8,000 layers: 6 s)
     known = _known(layer, profile)
     found = None if known is None else record(known, OPTION_FULL, setup)
@@ -125,7 +133,7 @@ def extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSet
         return 0
     compiled = max(backward_peak(found, layer.output_bytes), forward_peak(found))
     eager = layer_extra_bytes(layer, option) + tp_gathered_extra_bytes(layer, option, profile, setup) \
-        + repeated_kv_extra_bytes(layer, option, profile, setup)
+        + repeated_kv_extra_bytes(layer, option, profile, setup) + contextparallel.extra_bytes(layer, setup, option)
     return compiled - eager
 
 

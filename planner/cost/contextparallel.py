@@ -187,25 +187,59 @@ def ring_bytes(exchange, which: str, compiled: bool) -> float:
     return (4 + 10 + 10 * steps + 6) * o + (4 + 4 + 4 * steps + 10 + 8 + 21 * steps + 6) * kv
 
 
+def p2p_ring_bytes(exchange, which: str) -> float:
+    """Bytes Transformer Engine's p2p ring (AttnFuncWithCPAndKVP2P, causal, sbhd, bf16 attention: TE v2.9
+    70f53666 attention/dot_product_attention/context_parallel.py; docs/framework-facts.md §518-§520) moves
+    around its fused attention calls in one pass on its busiest rank, cp - 1 (every later forward step and
+    every backward step computes all its queries). O is the output (as wide as Q: q_bytes), KV the K and V
+    bytes together:
+    - forward: K and V concatenated into the send buffer (1360: read and write, 2 KV); the first step's
+      output scaled into the running output (flash_attn_fwd_out_correction_init 101-112, its result in the
+      output's own bf16: 2 O), and each later step's added into it (flash_attn_fwd_out_correction 115-127,
+      out.add_: the running output read and written, the step's read, 3 O); the final `out.to(bf16)` is no copy;
+    - backward (the steps 2103-2436; the last, cp - 1, is the diagonal, the others lower triangles: all
+      queries against half the K/V): K/V copied into the first send buffer (2038: 2 KV); dq copied from
+      the first step's gradient (2291: 2 O) and each later step's added in (2294, dq.add_: 3 O); dK/dV (the
+      buffer sent on) copied into its first half from step 0's half-length gradient (2409: KV), each middle
+      step's half added in (2419: 1.5 KV), and the diagonal's whole one added at the last step (2401: 3 KV).
+    The half-sections' views (q[1], k[0] of the [2, s / 2cp, ...] layout) are contiguous already; the
+    softmax statistics' ops (one fp32 a head and token: 1 / 64 of O at head dim 128) are left out."""
+    cp, o, kv = exchange.ranks, exchange.q_bytes, exchange.kv_bytes
+    if which == "forward":
+        return 2 * kv + 2 * o + 3 * o * (cp - 1)
+    return 2 * kv + 2 * o + 3 * o * (cp - 1) + kv + 1.5 * kv * (cp - 2) + 3 * kv
+
+
 def ring_membound_ms(layer, option: int, profile, setup: TrainSetup) -> float:
-    """The time of ring_bytes, forward (twice under a full recompute, option 1) and backward, at the
-    profile's measured memory-bound rate: fused where the setup compiles the model (torchtitan 9dec370
-    compiles each block with fullgraph=True, parallelize_llama.py 297-306: no graph break, so CP's ring
-    is traced into the block's graph), eager else. Only torch's all-gather ring (Transformer Engine's
-    merge runs in its own kernels, not read); 0 without context parallelism or a rate."""
+    """The time of the ring's own memory-bound kernels, forward (twice under a full recompute, option 1) and
+    backward, at the profile's measured memory-bound rate: torch's all-gather ring (ring_bytes) fused where the
+    setup compiles the model (torchtitan 9dec370 compiles each block with fullgraph=True, parallelize_llama.py
+    297-306: no graph break, so CP's ring is traced into the block's graph), eager else; Transformer Engine's
+    p2p ring (p2p_ring_bytes) at the elementwise class's eager rate where the profile has one (its kernels are
+    plain copies and adds, run eagerly, and its merges each one compiled elementwise kernel of its own: the
+    class's measured op is torch's relu-then-square on the H100, DyT on the B200), else the eager mean. 0
+    without context parallelism or a rate, and for the all-to-all (its reorders not read). Each count is its own
+    library's ring, the one the runtime's record runs by default (RuntimeFacts.cp_comm: "allgather" torch's
+    context_parallel, "p2p" TE's AttnFuncWithCPAndKVP2P): the other exchange a --cp-comm names in that library
+    (torch's alltoall rotation, TE's AttnFuncWithCPAndKVAllGather) runs other ops, not read: 0."""
     exchange = layer.context_parallel
     rates = profile.assumptions.get("membound_tbps")
-    if exchange is None or setup.training.context_parallel <= 1 or comm_type(setup.training) != "allgather" \
-            or not isinstance(rates, dict):
+    kind = comm_type(setup.training)
+    if exchange is None or setup.training.context_parallel <= 1 or kind not in ("allgather", "p2p") \
+            or kind != runtimes.of(setup.training).cp_comm or not isinstance(rates, dict):
         return 0.0
-    compiled = bool(setup.training.compile) and runtimes.of(setup.training).compiles_model
+    compiled = kind == "allgather" and bool(setup.training.compile) and runtimes.of(setup.training).compiles_model
     tbps = rates.get("fused" if compiled else "eager")
+    if kind == "p2p":
+        tbps = (rates.get("by_class") or {}).get("elementwise", tbps)
     if not isinstance(tbps, (int, float)) or tbps <= 0:
         return 0.0
     exchange = as_exchanged(exchange, setup.training)
-    moved = ring_bytes(exchange, "forward", compiled) * (2 if option == 1 else 1) + \
-        ring_bytes(exchange, "backward", compiled)
-    return moved / (tbps * 1e12) * 1e3
+    if kind == "p2p":
+        forward, backward = p2p_ring_bytes(exchange, "forward"), p2p_ring_bytes(exchange, "backward")
+    else:
+        forward, backward = ring_bytes(exchange, "forward", compiled), ring_bytes(exchange, "backward", compiled)
+    return (forward * (2 if option == 1 else 1) + backward) / (tbps * 1e12) * 1e3
 
 
 def buffer_bytes(exchange, kind: str, *, compiled: bool = False) -> tuple[int, int]:

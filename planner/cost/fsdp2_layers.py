@@ -359,7 +359,8 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         program, hands, ring_ids = backward_hand_ring(
             known, option_name(layer, option),
             max(0, extra - eager_norm.backward_extra_bytes(layer, option, profile, setup) - cat),
-            contextparallel.ring_program(layer, option, setup), contextparallel.extra_bytes(layer, setup, option))
+            *(((), 0) if compiled is not None else  # a compiled record holds its ring (compiled_block.py)
+              (contextparallel.ring_program(layer, option, setup), contextparallel.extra_bytes(layer, setup, option))))
         program, hands = head_scatter.with_cat(program, hands, head_scatter.cat_bytes(layer, option, profile, setup),
                                                layer.input_bytes)
         grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup),

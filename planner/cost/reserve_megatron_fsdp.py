@@ -31,10 +31,13 @@ docs/framework-facts.md §114, §125, §107, §112 and §129:
   the double buffer (B 2935-2975: no request);
 - the optimizer step: `update_main_grads` hands the optimizer each shard's gradient `.to(fp32)` (a copy where the
   buffer is bf16: B 2445-2506), dropped after the step;
-- TE's window offload (planner/cost/te_offload.py window_map): an offloaded layer's saved tensors, its input among
-  them, freed when layer window[i]'s forward ends (the compute stream waited for the copy, then the tensors
+- TE's window offload (planner/cost/te_offload.py window_map, on the map of the handler the runtime's record names,
+  `te_window_handler`: v2.9's, or v2.10's window[i] = L - N - 1 + i): an offloaded layer's saved tensors, its input
+  among them, freed when layer window[i]'s forward ends (the compute stream waited for the copy, then the tensors
   dropped: one pool, plain frees), made again by torch.empty_like on the compute stream, tensor by tensor, before
-  layer window[i]'s backward, and freed with that layer's backward.
+  layer window[i]'s backward, and freed with that layer's backward (v2.9); v2.10 holds them past it, to the next
+  block layer's bwd_step (before its reloads) or the backward's end (docs/framework-facts.md §428, as
+  reserve_window.WindowPasses plays it for Megatron-LM's distributed optimizer).
 
 The layers' own allocations are each layer's AllocRecord for its option (the offloaded layers' none record, as
 reserve.records_for gives it), played as reserve.py's passes play them (a layer's input freed after its forward
@@ -158,14 +161,15 @@ class _Window:
     """Transformer Engine's window over the stage's block: the block's layer indices and, per group, the block
     position after whose forward it is dropped and before whose backward it is reloaded."""
 
-    def __init__(self, layers: Sequence[LayerProfile], options: Sequence[str]) -> None:
+    def __init__(self, layers: Sequence[LayerProfile], options: Sequence[str], handler: str = "v2.9") -> None:
         self.groups: dict[int, int] = {}  # layer index -> the block position of its window
+        self.holds = handler == te_offload.V210  # v2.10: a reloaded layer's tensors held past its backward
         found = te_offload.window_layers([layer.kind for layer in layers], [o == OPTION_OFFLOAD for o in options])
         if found is None:
             self.block: list[int] = []
             return
         self.block, count = found
-        window = te_offload.window_map(len(self.block), count)
+        window = te_offload.window_map(len(self.block), count, handler=handler)
         self.groups = {self.block[j]: self.block[window[j]] for j in range(count)}
 
     def dropped_after(self, i: int) -> list[int]:
@@ -176,11 +180,12 @@ class _StepPlayer(RecordPlayer):
     """One step's passes on the rank, appended to `events`."""
 
     def __init__(self, layers, options, records, static: FsdpStatic, *, loss: AllocRecord, keeps_logits: bool,
-                 events: list[Event], step: int, programs: Sequence | None = None) -> None:
+                 events: list[Event], step: int, programs: Sequence | None = None, handler: str = "v2.9") -> None:
         self.layers, self.options, self.records, self.static = layers, options, records, static
         self.programs = list(programs) if programs is not None else [None] * len(records)
         self.loss, self.keeps_logits, self.events, self.step = loss, keeps_logits, events, step
-        self.window = _Window(layers, options)
+        self.window = _Window(layers, options, handler)
+        self.held: list[tuple] = []  # v2.10: the reloaded blocks bwd_gpu_tensor_group holds (§428)
         self.keeps = [_keeps_input(layer, option, record) for layer, option, record in zip(layers, options, records)]
         self.units = [i for i, layer in enumerate(static.layers) if layer.unit]
         self.groups: dict[tuple, dict[tuple, int]] = {}  # (mb, layer) -> its offloaded tensors' keys and sizes
@@ -245,9 +250,14 @@ class _StepPlayer(RecordPlayer):
         last = len(self.records) - 1
         for i in range(last, -1, -1):
             record, fsdp = self.records[i], self.static.layers[i]
+            if self.window.holds and i in self.window.block:  # v2.10's bwd_step: the previous layer's state released
+                self._release()
             for j in self.window.dropped_after(i):  # reloaded into fresh empty_like buffers before this backward
                 self.events += [Alloc(("back", *k), size) for k, size in self.groups[(key, j)].items()]
             reloaded = {k: ("back", *k) for k in self.groups.pop((key, i), {})}
+            if self.window.holds and reloaded:  # autograd's frees of them do nothing: the synchronizer holds them
+                self.held += list(reloaded.values())
+                reloaded = {k: ("held", *copy) for k, copy in reloaded.items()}
             if self.programs[i] is not None:  # node by node (te_block_backward.program)
                 self._play_program(self.programs[i], key, i, start=_count(record.forward), rename=reloaded)
             else:
@@ -268,6 +278,7 @@ class _StepPlayer(RecordPlayer):
             grad = (key, i, record.input_grad) if record.input_grad else None
         if grad is not None:
             self.events.append(Free(grad))
+        self._release()  # v2.10's finish_part_of_bwd, the backward's end (nothing held under v2.9)
         self.events += [Free(bucket) for bucket, _ in self.queue if bucket[0] == "gbucket"]  # reset at the end
         self.queue = []
 
@@ -292,6 +303,10 @@ class _StepPlayer(RecordPlayer):
             self._dequeue()
         self.queue.append((bucket, fsdp.elements))
 
+    def _release(self) -> None:
+        self.events += [Free(copy) for copy in self.held]
+        self.held = []
+
     def _dequeue(self) -> None:
         oldest, _ = self.queue.pop(0)
         if oldest[0] == "gbucket":
@@ -313,15 +328,16 @@ class _StepPlayer(RecordPlayer):
 
 def step_player(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
                 static: FsdpStatic, num_microbatches: int, loss: AllocRecord, keeps_logits: bool,
-                programs: Sequence | None = None) -> tuple[list[Event], Callable[[int], list[Event]]]:
+                programs: Sequence | None = None, handler: str = "v2.9") -> tuple[list[Event], Callable[[int], list[Event]]]:
     """The rank's static allocations, and the function making step `index`'s events (`programs`: each layer's
-    backward node by node, backward_programs; None: every record's own order)."""
+    backward node by node, backward_programs; None: every record's own order; `handler`: the TE offload handler
+    running the window, the record's te_window_handler)."""
     microbatches = replayed_microbatches(1, 0, num_microbatches)
 
     def one_step(index: int) -> list[Event]:
         events: list[Event] = []
         _StepPlayer(layers, options, records, static, loss=loss, keeps_logits=keeps_logits, events=events,
-                    step=index, programs=programs).run(microbatches)
+                    step=index, programs=programs, handler=handler).run(microbatches)
         return events
 
     return static_events(static), one_step
@@ -352,6 +368,7 @@ def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup,
     static = static_of(layers, cost, profile=profile, setup=setup)
     events, one_step = step_player(layers, options, records, static=static, num_microbatches=setup.pipeline.microbatches,
                                    loss=loss, keeps_logits=keeps_logits,
-                                   programs=backward_programs(layers, records, profile))
+                                   programs=backward_programs(layers, records, profile),
+                                   handler=te_offload.handler_of(setup))
     return allocator.settled_replay(events, one_step, min_steps=STEPS, max_steps=MAX_STEPS,
                                     expandable=expandable_segments(profile, setup), cap_bytes=cap_bytes)

@@ -59,10 +59,11 @@ def saved_inputs(profile: Profile) -> dict | None:
     shape = profile.assumptions
     if shape.get("tp", 1) > 1 and shape.get("sp", False):
         return None
-    fc1_bf16, fc2_bf16 = found["mcore"][3], found["mcore"][-1]  # S x h x 2 (linear_fc1's input), S x f x 2
+    # S x h x 2 (linear_fc1's input, after the router's tensors), S x f x 2
+    fc1_bf16, fc2_bf16 = found["mcore"][found["router"]], found["mcore"][-1]
     return {"norm_bf16": dense["norm_bf16"], "norm": dense["norm_rows"], "attn_out": dense["attn_out"],
             "proj": dense["proj"], "fc1_bf16": fc1_bf16, "fc1": fc1_bf16 // 2, "fc2_bf16": fc2_bf16,
-            "fc2": fc2_bf16 // 2}
+            "fc2": fc2_bf16 // 2, "router": found["router"]}
 
 
 def saved_inputs_delta(tensors: dict) -> int:
@@ -93,9 +94,11 @@ def moe_record(record, tensors: dict):
     # linear_fc1's input, then its 2f-wide output (and, clamped, the cat), then linear_fc2's input
     at = next((i for i in range(len(sizes) - 2) if sizes[i] == fc1 and sizes[i + 1] == 2 * fc2), None)
     fc2_at = None if at is None else next((j for j in (at + 2, at + 3) if j < len(sizes) and sizes[j] == fc2), None)
-    # before the mixture's router tensors (3): the MLP norm's output, statistics and input, the attention's output
-    attn_out = None if fc2_at is None else at - 7
-    if attn_out is None or attn_out < 2 or sizes[1] != tensors["norm_bf16"] or sizes[at - 4] != tensors["norm_bf16"] \
+    # before the mixture's router tensors (3, or 4 with the aux loss's): the MLP norm's output, statistics and input,
+    # the attention's output
+    router = tensors.get("router", 3)
+    attn_out = None if fc2_at is None else at - router - 4
+    if attn_out is None or attn_out < 2 or sizes[1] != tensors["norm_bf16"] or sizes[at - router - 1] != tensors["norm_bf16"] \
             or sizes[attn_out] != tensors["attn_out"]:
         return record
     edits = {2: ([tensors["norm"]], 0), attn_out + 1: ([tensors["attn_out"], tensors["proj"]], 0),

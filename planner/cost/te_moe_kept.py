@@ -5,7 +5,11 @@ Megatron-LM d98e8a64 (the nearest stored to Megatron-Bridge 00b7660b's pin):
 
 - router (moe_router_fusion, Transformer Engine's fused_topk_with_score_function): the autograd function saves
   the routing map (bool, T x E) and its intermediate output (the fp32 scores, T x E), no top-k indices or
-  weights of their own (transformer_engine/pytorch/router.py FusedTopkScoreFunction.forward);
+  weights of their own (transformer_engine/pytorch/router.py FusedTopkScoreFunction.forward); where the auxiliary
+  load-balancing loss runs (`router_aux_loss`: megatron_router.py), FusedComputeScoresForMoEAuxLoss saves its
+  intermediate output too, T x E in the logits' dtype (bf16: the input's, Megatron's router_dtype without
+  --moe-router-dtype), and FusedAuxLoss a scalar and the E counts (TE v2.9 70f53666 router.py 147-152, 230;
+  csrc/extensions/router.cpp 107-112; docs/framework-facts.md §536);
 - the alltoall dispatcher (moe_permute_fusion): permute, the all-to-all and sort_chunks_by_idxs keep no tokens
   (their backward is the inverse permutation, by an int32 map; token_dispatcher.py 660-800, moe_utils.py
   permute / sort_chunks_by_idxs); the permuted probs reach the experts (fp32, one per routed copy);
@@ -41,7 +45,8 @@ def mixtures(profile: Profile) -> dict | None:
     """The profile's MoE block mixture as the analytic profile keeps it (`generic`: each tensor's bytes in
     analytic_kept.moe_terms's order) and as Megatron-core keeps it (`mcore`, without moe_act), and what the
     activation's recompute frees in each (`act_generic`: the SiLU output and the product; `act_mcore`:
-    linear_fc2's input, and the clamp's cat); None where the profile is not analytic, has no MoE blocks, or
+    linear_fc2's input, and the clamp's cat), and how many router tensors precede linear_fc1's input in `mcore`
+    (`router`: the scores, the map, the aux loss's intermediate where it runs, the probs); None where the profile is not analytic, has no MoE blocks, or
     their shared experts are gated (not read). Shared experts follow the routed ones in both runs."""
     dims = te_kept._dims(profile)
     if dims is None:
@@ -59,14 +64,15 @@ def mixtures(profile: Profile) -> dict | None:
     clamped = bool(model.get("swiglu_limit"))
     act = [2 * S * f * d] + [S * f * d] * 5 if clamped else [S * f * d] * 4
     generic = [FP32 * T * E // r, INDEX * T * k // r, FP32 * T * k // r, S * h * d, INDEX * S, *act, S * h * d]
-    mcore = [FP32 * T * E // r, BOOL * T * E // r, FP32 * S, S * h * d, 2 * S * f * d,
+    aux = [d * T * E // r] if model.get("router_aux_loss") else []  # the aux scores' saved intermediate
+    mcore = [FP32 * T * E // r, BOOL * T * E // r, *aux, FP32 * S, S * h * d, 2 * S * f * d,
                 *([2 * S * f * d] if clamped else []), S * f * d]
     shared = model.get("num_shared_experts", 0) * model.get("shared_intermediate_size", 0) // tp
     if shared:  # the shared experts after the routed ones, as analytic_kept.moe_terms counts them
         generic += shared_generic(T, shared, d)
         mcore += shared_mcore(T, shared, d)
     return {"generic": generic, "mcore": mcore, "act_generic": 2 * S * f * d,
-            "act_mcore": S * f * d + (2 * S * f * d if clamped else 0)}
+            "act_mcore": S * f * d + (2 * S * f * d if clamped else 0), "router": 3 + len(aux)}
 
 
 def shared_generic(tokens: int, width: int, d: int) -> list[int]:

@@ -285,11 +285,11 @@ TERMS: tuple[Term, ...] = (
          "all-gather ring (_attention.py, torch 2.13): bytes over the context-parallel group's link, a ring's steps "
          "hidden behind their attention steps, the all-to-all not, nor any exchange of torchtitan 9dec370's "
          "compiled ring (cp_compiled_waits_at_issue: each waited where issued, torch 2.6.0)"),
-    Term("torch's ring around its attention calls: the fp32 merge of each step's output, dQ/dK/dV in fp32", "time",
+    Term("the ring around its attention calls: each step's output merged, dQ/dK/dV accumulated", "time",
          "layer", lambda layer, ckpt, ctx: contextparallel.ring_membound_ms(layer, int(ckpt), ctx.profile, ctx.setup),
-         "torch's all-gather ring (_attention.py _SDPAMerger, _templated_ring_attention_backward, torch 2.13.0 "
-         "cf30153c): bytes per output and K/V element by hand, fused where the block is compiled (torchtitan's "
-         "fullgraph compile), at the profile's measured memory-bound rate"),
+         "torch's ring (_attention.py _SDPAMerger, _templated_ring_attention_backward, 2.13.0 cf30153c), fused where "
+         "the block is compiled; TE's p2p ring (AttnFuncWithCPAndKVP2P, v2.9 70f53666): K/V sends, output "
+         "corrections, dq/dK/dV copied and added step by step in bf16; at the profile's memory-bound rate"),
     Term("gradients added into the fp32 main_grad by their own kernel (an embedding's; weights' unfused)", "time",
          "layer", lambda layer, ckpt, ctx: jobsettings.unfused_accumulation_ms(layer, ctx.profile, ctx.setup)
          + jobsettings.embedding_hook_add_ms(layer, ctx.profile, ctx.setup),

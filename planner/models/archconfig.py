@@ -10,7 +10,7 @@ from typing import Literal
 from planner.errors import UserError
 from planner.models.archs import MAX_LAYERS, Arch
 from planner.models.families import BUILT_FAMILIES, GATED_TYPES, GPT_TYPES, MOE_TYPES
-from planner.models.gemma3 import gemma3_fields, smollm3_fields, text_config
+from planner.models.gemma3 import gemma3_fields, qwen_fields, smollm3_fields, text_config
 from planner.models.gptoss import gpt_oss_fields
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -32,6 +32,12 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
     if model_type == "gemma3":  # multimodal: the text model (planner/models/gemma3.py)
         config, left_out = text_config(config, where)
         model_type = "gemma3_text"
+    # the family first: a family not read is said so, not refused for the first of its fields another family
+    # reads (Llama 4's num_local_experts was "read for mixtral, qwen3_moe, gpt_oss", as if renaming it would do)
+    if model_type and model_type not in (*GATED_TYPES, *MOE_TYPES, *GPT_TYPES):
+        raise UserError(f"{where}: model_type {model_type!r} is not read; --arch-config reads "
+                        f"{', '.join((*GATED_TYPES, *MOE_TYPES, *GPT_TYPES))} configs (one without model_type "
+                        f"is read as LLaMA-style){_built_from_code(model_type)}")
     _refuse_unmodelled(config, where, model_type)
     if model_type == "gpt2":
         return _gpt2(config, where, name)
@@ -39,12 +45,9 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
         return _opt(config, where, name)
     if model_type == "starcoder2":
         return _starcoder2(config, where, name)
-    if model_type and model_type not in (*GATED_TYPES, *MOE_TYPES):
-        raise UserError(f"{where}: model_type {model_type!r} is not read; --arch-config reads "
-                        f"{', '.join((*GATED_TYPES, *MOE_TYPES, *GPT_TYPES))} configs (one without model_type "
-                        f"is read as LLaMA-style){_built_from_code(model_type)}")
     arch = _gated(config, where, name, model_type)
-    family = {"gpt_oss": gpt_oss_fields, "gemma3_text": gemma3_fields, "smollm3": smollm3_fields}.get(model_type)
+    family = {"gpt_oss": gpt_oss_fields, "gemma3_text": gemma3_fields, "smollm3": smollm3_fields,
+              **dict.fromkeys(("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"), qwen_fields)}.get(model_type)
     arch = family(config, where, arch) if family else arch
     return _checked_heads(replace(arch, left_out=left_out) if left_out else arch, where)
 

@@ -133,6 +133,9 @@ class Arch:
     o_bias: bool = False
     expert_bias: bool = False
     swiglu_limit: float | None = None
+    # router_aux_loss: the router's auxiliary load-balancing loss runs in training (Megatron-core's aux_loss type with a
+    # coefficient above 0: planner/models/configs/megatron_router.py; its passes timed in planner/profiler/te_moe.py)
+    router_aux_loss: bool = False
     # Gemma 3 (planner/models/gemma3.py has the sources): post_norms, an RMSNorm on the attention's and on the
     # MLP's output before each residual add (post_attention_layernorm, post_feedforward_layernorm: four norms a
     # block). layer_rotary: each layer's rotary where the layers differ (SmolLM3's no_rope_layers: False on its
@@ -247,7 +250,7 @@ _LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "s
                  "num_mtp_layers": 0, "kv_lora_rank": 0, "q_lora_rank": 0, "qk_rope_head_dim": 0,
                  "qk_nope_head_dim": 0, "v_head_dim": 0, "rotary": None, "residual_dropout": None, "embedding_dropout": None,
                  "attention_dropout": None, "layer_windows": (), "attention_sinks": False, "o_bias": False,
-                 "expert_bias": False, "swiglu_limit": None, "sinks_in_kernel": False,
+                 "expert_bias": False, "swiglu_limit": None, "sinks_in_kernel": False, "router_aux_loss": False,
                  "post_norms": False, "layer_rotary": ()}
 
 

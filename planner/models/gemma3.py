@@ -83,3 +83,34 @@ def smollm3_fields(config: dict, where: str, arch: Arch) -> Arch:
     window = arch.sliding_window if config.get("use_sliding_window") is True else None
     windows = tuple(None if m else window for m in marks) if window else ()
     return replace(arch, sliding_window=None, layer_windows=windows, layer_rotary=tuple(bool(m) for m in marks))
+
+
+# transformers 5.24's Qwen configs (framework-facts §505): the window only where use_sliding_window (default false), and
+# then on the layers layer_types marks sliding; where a config gives none, Qwen2Config / Qwen3Config mark those from
+# max_window_layers (default 28) up (configuration_qwen2.py 82-93, configuration_qwen3.py 76-96), Qwen2MoeConfig the
+# even-indexed ones below it (configuration_qwen2_moe.py 112-116), and Qwen3MoeConfig has no layer_types: its
+# attention takes the window on every layer (modeling_qwen3_moe.py 149)
+QWEN_MAX_WINDOW_LAYERS = 28
+
+
+def qwen_fields(config: dict, where: str, arch: Arch) -> Arch:
+    """A Qwen config's window on the layers that have it: every layer alike where none or all do."""
+    window = arch.sliding_window
+    if window is None or config.get("use_sliding_window") is not True:
+        return replace(arch, sliding_window=None)
+    types = config.get("layer_types") if config.get("model_type") != "qwen3_moe" else [SLIDING] * arch.num_layers
+    if types is None:
+        bound = config.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
+        if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
+            raise UserError(f"{where}: max_window_layers must be a whole number of layers, got {bound!r}")
+        sliding = ((lambda i: i % 2 == 0 and i < bound) if config.get("model_type") == "qwen2_moe"
+                   else (lambda i: i >= bound))
+        types = [SLIDING if sliding(i) else FULL for i in range(arch.num_layers)]
+    if not isinstance(types, list) or len(types) != arch.num_layers or any(t not in (SLIDING, FULL) for t in types):
+        raise UserError(f"{where}: layer_types must list {arch.num_layers} entries, each {SLIDING!r} or {FULL!r}, "
+                        f"got {types!r}")
+    if all(t == SLIDING for t in types):
+        return arch
+    if all(t == FULL for t in types):
+        return replace(arch, sliding_window=None)
+    return replace(arch, sliding_window=None, layer_windows=tuple(window if t == SLIDING else None for t in types))

@@ -245,8 +245,7 @@ def _check_built(config: dict, *, seq_len: int) -> None:
                         f"most {positions}")
     window = getattr(hf, "sliding_window", None)
     if window and seq_len > window:
-        raise UserError(f"--seq-len {seq_len} exceeds the config's sliding_window {window}, which ckplan's adapter "
-                        f"does not apply; use --seq-len {window} or less")
+        raise UserError(_window_refusal(config["model_type"], seq_len, window))
     pad = getattr(hf, "pad_token_id", None)
     if isinstance(pad, int) and not 0 <= pad < hf.vocab_size:
         given = "" if "pad_token_id" in config else " (transformers' default, the config giving none)"
@@ -256,6 +255,24 @@ def _check_built(config: dict, *, seq_len: int) -> None:
     if getattr(hf, "is_encoder_decoder", False) or getattr(hf, "add_cross_attention", False):
         raise UserError("the config describes an encoder-decoder model; ckplan builds decoder-only causal LMs "
                         "from a config")
+
+
+def _window_refusal(family: str, seq_len: int, window: int) -> str:
+    """Why a sequence past the window is not profiled from transformers' code, and the route that plans it. The
+    adapter runs every layer causal, no mask (torch's flash kernel: full attention, not the window); transformers
+    5.24's own windowed layers get a materialised (batch, 1, s, s) mask from masking_utils.sdpa_mask wherever the
+    keys reach the window, which SDPA cannot give its flash kernel, so they run a masked kernel over every block
+    (framework-facts §504). Neither is the window's cost a flash kernel with a window charges (flash-attn's
+    window_size, cuDNN's), which the analytic reader plans for the families it reads."""
+    said = (f"--seq-len {seq_len} exceeds the config's sliding_window {window}: the model file ckplan writes runs "
+            "every layer through torch's causal flash kernel with no mask (full attention, not the window), and "
+            "transformers' own windowed path would hand SDPA an s x s mask, which runs a masked kernel over every "
+            "block, so neither gives a window's cost")
+    if family in (*GATED_TYPES, *MOE_TYPES, *GPT_TYPES):
+        return (f"{said}; `ckplan profile --arch-config CONFIG --seq-len {seq_len}` (or `ckplan search --hf-config "
+                f"CONFIG`) plans each windowed layer's attention at its window, or give --seq-len {window} or less")
+    return (f"{said}; ckplan reads no {family} config otherwise (--arch-config does not read the family): give "
+            f"--seq-len {window} or less")
 
 
 def hf_config(config: dict):

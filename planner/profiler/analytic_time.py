@@ -20,7 +20,8 @@ Memory-bound bytes, per element of the tensor named, for 16-bit activations as e
 PyTorch moves them (the ops and their autograd formulas, counted op by op under
 FakeTensorMode on Hugging Face's LLaMA modules, OpBytes in planner/profiler/fake.py):
 - RMSNorm with its fp32 upcast (to fp32, pow, mean, rsqrt, mul, to bf16, weight):
-  36 B forward and 96 B backward per element, 28 and 44 B per token;
+  36 B forward and 96 B backward per element, 28 and 44 B per token; Gemma's, which scales in
+  fp32, 40 and 108 (norm_bytes.py: each norm the architecture's own);
 - rotary on Q and K (two multiplies, rotate_half's neg and cat, an add): 20 B forward per
   element of Q and K plus 8 per token·head_dim (cos and sin read), 32 and 8 backward; a latent
   attention's query cat, key build and output copy as transformers makes them (hf_mla.py);
@@ -47,10 +48,9 @@ from planner.models.gptoss import window_pairs
 from planner.profiler import analytic_moe, formulas, gptoss_time, hf_mla, hf_moe
 from planner.profiler.activations import ACTIVATIONS
 from planner.profiler.membound import membound_ms
+from planner.profiler.norm_bytes import rms_norm
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 
-NORM_FWD, NORM_BWD, NORM_FWD_TOKEN, NORM_BWD_TOKEN = 36, 96, 28, 44
-NORM_WEIGHT_GRAD, NORM_WEIGHT_OUT = 8, 2  # of NORM_BWD: the weight's gradient (grad x hidden, summed), its write
 ROTARY_FWD, ROTARY_BWD, ROTARY_TABLE = 20, 32, 8
 SWIGLU_FWD, SWIGLU_BWD = 10, 18
 ADD = 6  # a + b in 16 bits: read 2 + 2, write 2
@@ -120,13 +120,14 @@ def _projections(arch, shape) -> tuple[list[Kernel], Counter, Counter]:
         latents = T * (q_rank + kv_rank)
         rotated = T * (heads * rope + rope)
         # transformers' query cat, key build and output copy, and their gradients' copies (hf_mla.py)
-        return (kernels, Counter(norm=NORM_FWD * latents, attention=ROTARY_FWD * rotated) + hf_mla.forward_bytes(arch, shape),
-                Counter(norm=NORM_BWD * latents, attention=ROTARY_BWD * rotated,
+        norm = rms_norm(arch)
+        return (kernels, Counter(norm=norm.fwd * latents, attention=ROTARY_FWD * rotated) + hf_mla.forward_bytes(arch, shape),
+                Counter(norm=norm.bwd * latents, attention=ROTARY_BWD * rotated,
                         elementwise=ADD * T * h * (1 + bool(q_rank))) + hf_mla.backward_bytes(arch, shape))
     q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
     rotated, table = T * (q + kv), T * arch.head_size * ROTARY_TABLE
     rotary = (ROTARY_FWD * rotated + table, ROTARY_BWD * rotated + table) if arch.rotates else (0, 0)
-    norms = (NORM_FWD * rotated, NORM_BWD * rotated) if arch.qk_norm else (0, 0)  # per-head q and k norms
+    norms = (rms_norm(arch).fwd * rotated, rms_norm(arch).bwd * rotated) if arch.qk_norm else (0, 0)  # per-head q and k norms
     if arch.style == "gpt":  # backward: the Q/K/V gradients concatenated, the biases' gradients summed
         return (_matmuls(2 * T * h * (q + 2 * kv), 2 * T * q * h), +Counter(attention=rotary[0], norm=norms[0]),
                 +Counter(attention=QKV_CAT * T * (q + 2 * kv) + rotary[1], elementwise=BIAS_SUM * T * (q + 2 * kv),
@@ -195,9 +196,9 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
                  Counter(layer_norm=2 * LAYERNORM_BWD * rows * h + residual))
         biases = 2 * BIAS_SUM * T * h
     else:
-        count = formulas.block_norms(arch)  # two, or Gemma 3's four
-        norms = (Counter(norm=count * (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows)),
-                 Counter(norm=count * (NORM_BWD * rows * h + NORM_BWD_TOKEN * rows) + residual))
+        count, norm = formulas.block_norms(arch), rms_norm(arch)  # two, or Gemma 3's four; the arch's own norm
+        norms = (Counter(norm=count * norm.forward(rows * h, rows)),
+                 Counter(norm=count * norm.backward(rows * h, rows) + residual))
         biases = 0
     # the two residual dropouts where the model drops (the attention probabilities' under eager: _attention)
     dropouts = (2 * DROPOUT_FWD * T * h, 2 * DROPOUT_BWD * T * h) if arch.drops_residual else (0, 0)
@@ -281,11 +282,12 @@ def _bias_widths(arch, shape) -> int:
 def norm_weight_grad_bytes(arch, shape) -> int:
     """What a block's RMSNorm weights' gradients move (transformers' LlamaRMSNorm and kin end in
     `self.weight * hidden_states.to(input_dtype)`: the weight's gradient is grad x hidden, 6 B an element,
-    summed over the tokens, 2 B an element read and the weight's width written), over the elements each
-    norm runs on: the block's two norms (this device's rows), Qwen3's q_norm and k_norm, a latent
-    attention's latent norms. Part of the norms' backward bytes (NORM_BWD); W runs it (torch 2.13's
-    split backward: each norm weight is a parameter group of its own). GPT's LayerNorm: 0 (its weight
-    and bias gradients come from native_layer_norm_backward itself: not split off here)."""
+    summed over the tokens, 2 B an element read and the weight's width written; Gemma's, fp32: norm_bytes.py),
+    over the elements each norm runs on: the block's two norms, or Gemma 3's four (this device's rows), the
+    q_norm and k_norm (Qwen3, Gemma 3), a latent attention's latent norms. Part of the norms' backward
+    bytes (norm_bytes.RMSNormBytes.bwd); W runs it (torch 2.13's split backward: each norm weight is a
+    parameter group of its own). GPT's LayerNorm: 0 (its weight and bias gradients come from
+    native_layer_norm_backward itself: not split off here)."""
     if arch.style == "gpt":
         return 0
     T, h = shape.tokens, arch.hidden_size
@@ -296,7 +298,8 @@ def norm_weight_grad_bytes(arch, shape) -> int:
                                                                  if arch.q_lora_rank else [])
     elif arch.qk_norm:
         norms += [(T * formulas.q_width(arch, shape), arch.head_size), (T * formulas.kv_width(arch, shape), arch.head_size)]
-    return sum(NORM_WEIGHT_GRAD * elements + NORM_WEIGHT_OUT * width for elements, width in norms)
+    norm = rms_norm(arch)
+    return sum(norm.weight_grad * elements + norm.weight_out * width for elements, width in norms)
 
 
 def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:
@@ -309,10 +312,11 @@ def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:
         residual, tail = ADD * (shape.tokens // shape.sp_div) * arch.hidden_size, analytic_moe.early_stop_bytes(arch, shape)
         return work(fwd.flops, fwd.bytes - residual - tail, [k for k, n in fwd.kernels for _ in range(n)],
                     classed=Counter(dict(fwd.classed)) - Counter(elementwise=residual, activation=tail))
-    if not skipped and arch.post_norms and not arch.drops_residual:  # the rerun stops at the post-MLP norm
-        residual = ADD * (shape.tokens // shape.sp_div) * arch.hidden_size
-        return work(fwd.flops, fwd.bytes - residual, [k for k, n in fwd.kernels for _ in range(n)],
-                    classed=Counter(dict(fwd.classed)) - Counter(elementwise=residual))
+    if not skipped and arch.post_norms and not arch.drops_residual:  # the rerun stops in the post-MLP norm
+        elements = (shape.tokens // shape.sp_div) * arch.hidden_size
+        residual, tail = ADD * elements, rms_norm(arch).tail * elements  # at its product's save (norm_bytes)
+        return work(fwd.flops, fwd.bytes - residual - tail, [k for k, n in fwd.kernels for _ in range(n)],
+                    classed=Counter(dict(fwd.classed)) - Counter(elementwise=residual, norm=tail))
     if not skipped:
         return fwd
     last = Kernel("matmul", skipped)
@@ -335,7 +339,7 @@ def rerun_work(arch, shape, part: str, *, moe: bool = True) -> Work:
         if arch.style == "gpt":
             num_bytes = LAYERNORM_FWD * rows * arch.hidden_size
             return work(0, num_bytes, [], classed={"layer_norm": num_bytes})
-        num_bytes = NORM_FWD * rows * arch.hidden_size + NORM_FWD_TOKEN * rows
+        num_bytes = rms_norm(arch).forward(rows * arch.hidden_size, rows)
         return work(0, num_bytes, [], classed={"norm": num_bytes})
     if part == "core-attn":
         core, fwd_bytes, _ = _attention(arch, shape)
@@ -368,7 +372,7 @@ def head_work(arch, shape) -> tuple[Work, Work, Work]:
     if arch.style == "gpt":
         norm, name = (LAYERNORM_FWD * rows * h, LAYERNORM_BWD * rows * h), "layer_norm"
     else:
-        norm, name = (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows, NORM_BWD * rows * h + NORM_BWD_TOKEN * rows), "norm"
+        norm, name = (rms_norm(arch).forward(rows * h, rows), rms_norm(arch).backward(rows * h, rows)), "norm"
     flops = formulas.head_flops(arch, shape)
     kernels = _matmuls(flops)
     accumulate = ACCUMULATE * formulas.head_params(arch, shape) * shape.d

@@ -7,7 +7,12 @@ microbatch), the tensor-parallel degree it ran at, the settings it compiled unde
 linears; `async-tp`: inductor's micro-pipeline TP), the record at that scale and each allocation's power of the
 scale. A profile's block matches where the heads, the kv heads and the TP degree are the reading's and its
 hidden size, head dim, FFN width and tokens are the reading's times one factor s; its record is the reading's
-scaled by s (compiled_record.scaled). LayerProfile.compiled_records holds it by its settings' key."""
+scaled by s (compiled_record.scaled). LayerProfile.compiled_records holds it by its settings' key.
+
+A reading under context parallelism (`cp` > 1; 1 where the file names none) is the block with torch's ring traced into
+its graph (scripts/compiled_block_cp.py: the ring's buffers are the wrappers' own), on the ring's busiest rank, its
+tokens those of one CP rank: it matches only a profile at that CP degree, whose tokens are one rank's too, under the
+key `cp<N>` beside its settings (settings_key)."""
 
 from __future__ import annotations
 
@@ -21,9 +26,10 @@ from planner.schema import AllocRecord, LayerProfile
 FOLDER = Path(__file__).with_name("compiled_blocks")
 
 
-def settings_key(settings) -> str:
-    """The key of a set of settings: their names sorted, joined by commas ("" for none)."""
-    return ",".join(sorted(settings))
+def settings_key(settings, cp: int = 1) -> str:
+    """The key of a set of settings: their names sorted, joined by commas ("" for none), with `cp<N>` under context
+    parallelism (N > 1)."""
+    return ",".join(sorted([*settings, *([f"cp{cp}"] if cp > 1 else [])]))
 
 
 def readings(folder: Path = FOLDER) -> list[dict]:
@@ -31,10 +37,10 @@ def readings(folder: Path = FOLDER) -> list[dict]:
 
 
 def matching(reading: dict, *, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, tokens: int,
-             tp: int) -> Fraction | None:
-    """The factor s from the reading's widths to these, or None where the block is another."""
+             tp: int, cp: int = 1) -> Fraction | None:
+    """The factor s from the reading's widths to these, or None where the block is another (or at another CP)."""
     dims = reading["dims"]
-    if (dims["heads"], dims["kv_heads"], reading["tp"]) != (heads, kv_heads, tp):
+    if (dims["heads"], dims["kv_heads"], reading["tp"], reading.get("cp", 1)) != (heads, kv_heads, tp, cp):
         return None
     factors = {Fraction(mine, dims[name]) for name, mine in
                (("hidden", hidden), ("head_dim", head_dim), ("ffn", ffn), ("tokens", tokens))}
@@ -49,18 +55,18 @@ def records_for(**block) -> dict[str, AllocRecord]:
         if factor is None:
             continue
         record = AllocRecord.model_validate(reading["record"])
-        found[settings_key(reading["settings"])] = scaled(record, 1 / factor, reading["powers"])
+        found[settings_key(reading["settings"], reading.get("cp", 1))] = scaled(record, 1 / factor, reading["powers"])
     return found
 
 
 def with_records(layers: list[LayerProfile], arch, shape) -> list[LayerProfile]:
     """The analytic profile's layers with each dense LLaMA-style decoder block's compiled records: the readings ran
-    the block under sequence parallelism (TP > 1) and without context parallelism, so only such profiles match."""
-    if arch.style != "llama" or shape.cp != 1 or (shape.tp > 1 and not shape.sp):
+    the block under sequence parallelism (TP > 1), each at its CP degree, so only such profiles match."""
+    if arch.style != "llama" or (shape.tp > 1 and not shape.sp):
         return layers
     found = records_for(hidden=arch.hidden_size, heads=arch.num_heads, kv_heads=arch.num_kv_heads,
                         head_dim=arch.head_dim or arch.hidden_size // arch.num_heads, ffn=arch.intermediate_size,
-                        tokens=shape.tokens, tp=shape.tp)
+                        tokens=shape.tokens, tp=shape.tp, cp=shape.cp)
     if not found:
         return layers
     return [layer.model_copy(update={"compiled_records": found}) if layer.kind == "decoder_block" else layer

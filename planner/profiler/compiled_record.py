@@ -43,8 +43,9 @@ class Wrapper:
     ir: str = ""
 
 
-# a CPU kernel inductor writes for nothing but SDPA's layout constraint: its name is the op's alone
-_CPU_SDPA_COPY = re.compile(r"^(cpp_fused__scaled_dot_product_flash_attention_for_cpu(?:_backward)?_\d+) = "
+# a CPU kernel inductor writes for nothing but SDPA's layout constraint: its name is the op's alone (the CPU op's, or
+# the CUDA flash op's where a reading calls it on CPU: context parallelism's ring, scripts/compiled_block_cp.py)
+_CPU_SDPA_COPY = re.compile(r"^(cpp_fused__scaled_dot_product_flash_attention(?:_for_cpu)?(?:_backward)?_\d+) = "
                             r"async_compile\.cpp_pybinding\((\[.*?\])", re.M)
 
 
@@ -52,8 +53,10 @@ def cpu_layout_copies(code: str) -> frozenset[str]:
     """The buffers a CPU wrapper makes only to meet SDPA's stride constraint, which a CUDA lowering does not make:
     torch 2.6.0 _inductor/lowering.py 2338-2367 `sdpa_constraint` requires every SDPA input in contiguous stride
     order where `not meta_val.is_cuda`, and on CUDA keeps an aligned realized input's strides (`is_aligned_realized_
-    tensor`: K and V expanded to the query heads by repeat_kv, stride 0, pass as views). They are the outputs (the
-    non-const pointers of its signature) of a kernel whose name is the SDPA op's alone."""
+    tensor`: K and V expanded to the query heads by repeat_kv, stride 0, pass as views; under CP the ring's gradient
+    of each step's output, a transposed view of wo's input gradient, strides multiples of 8, passes as a view too,
+    where CPU copies it once a flash backward). They are the outputs (the non-const pointers of its signature) of a
+    kernel whose name is the SDPA op's alone."""
     found = set()
     for name, signature in _CPU_SDPA_COPY.findall(code):
         outputs = [at for at, kind in enumerate(ast.literal_eval(signature)) if not kind.startswith("const")]

@@ -102,7 +102,8 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
     `fallback_dtype`: the dtype of a fallback kernel's outputs (their bytes from inductor's assert);
     `buffer_bytes`: a fallback's output's bytes by name where inductor's IR states its layout
     (`ir_buffer_bytes`; 2.6.0 writes no assert after a tuple's items), used before any assert. `unallocated`: buffers
-    counted 0 B (another device's lowering does not make them: compiled_record.cpu_layout_copies)."""
+    counted 0 B (another device's lowering does not make them: compiled_record.cpu_layout_copies), also where the
+    wrapper writes one into a dying buffer's storage (`# reuse`): that storage is released with its last other name."""
     names: dict[str, int] = {}  # name -> storage id
     storage_bytes: dict[int, int] = {}
     first = 1 + max((input_storages or {}).values(), default=-1)
@@ -125,7 +126,26 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
     events: list[int] = []
     alive: set[int] = set()
     input_keys: set[int] = set()
-    for statement in call_body(code):
+    body = call_body(code)
+    items = _tuple_items(body)
+
+    def make_item(part: str, match) -> None:
+        """A tuple's item: its storage, made where the op that returns the tuple runs (`items`)."""
+        key = next(fresh)
+        dtype = _argument_dtype(part, names, dtypes) or fallback_dtype
+        if dtypes.get(names.get(match.group(2), -1)) == "rng":
+            # run_and_save_rng_state returns (the generator's state, the op's outputs): a uint8 ByteTensor
+            # (torch/_prims/rng_prims.py, torch.get_rng_state / torch.cuda.get_rng_state)
+            dtype = "torch.uint8" if match.group(3) == "0" else fallback_dtype
+        names[match.group(1)] = key
+        dtypes.setdefault(key, dtype)
+        if match.group(1) in (buffer_bytes or {}):
+            storage_bytes[key] = buffer_bytes[match.group(1)]
+        else:
+            storage_bytes[key] = 0
+            pending[key] = dtype
+
+    for statement in body:
         for part in (p.strip() for p in statement.split("#")[0].split(";")):
             if not part:
                 continue
@@ -142,15 +162,15 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
                 dtypes[key] = match.group(4)
             elif _SHAPE.match(part):
                 continue
-            elif match := _FALLBACK.match(part) or _ITEM.match(part):
+            elif (match := _ITEM.match(part)) and match.group(1) in names:
+                continue  # made with its tuple
+            elif match := _ITEM.match(part):
+                make_item(part, match)
+            elif match := _FALLBACK.match(part):
                 key = next(fresh)
                 dtype = _argument_dtype(part, names, dtypes) or fallback_dtype
                 if _RNG_SAVED.match(part):
                     dtypes[key] = "rng"
-                elif _ITEM.match(part) and dtypes.get(names.get(match.group(2), -1)) == "rng":
-                    # run_and_save_rng_state returns (the generator's state, the op's outputs): a uint8 ByteTensor
-                    # (torch/_prims/rng_prims.py, torch.get_rng_state / torch.cuda.get_rng_state)
-                    dtype = "torch.uint8" if match.group(3) == "0" else fallback_dtype
                 names[match.group(1)] = key
                 dtypes.setdefault(key, dtype)
                 if match.group(1) in (buffer_bytes or {}):
@@ -161,9 +181,14 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
                 else:
                     storage_bytes[key] = 0
                     pending[key] = dtype
+                for item_part, item in items.get(match.group(1), ()):
+                    make_item(item_part, item)
             elif (match := _ASSERTED.match(part)) and names.get(match.group(1)) in pending:
                 key = names[match.group(1)]
                 storage_bytes[key] = _storage_bytes(match.group(2), match.group(3), pending.pop(key))
+            elif (match := _REINTERPRET.match(part) or _REUSE.match(part)) and match.group(1) in unallocated:
+                names[match.group(1)] = key = next(fresh)  # in a dying buffer's storage here, none of its own there:
+                storage_bytes[key] = 0  # the storage goes with its last name (the `del` beside the reuse)
             elif match := _REINTERPRET.match(part):
                 names[match.group(1)] = names[match.group(2)]
             elif part.startswith("del "):
@@ -189,6 +214,22 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
     return CallBytes(peak_bytes=live_peak, returned=returned, returned_storages=storages, storage_bytes=storage_bytes,
                      at_peak=at_peak, peak_statement=peak_statement, events=tuple(events),
                      inputs=frozenset(input_keys))
+
+
+def _tuple_items(body: list[str]) -> dict[str, list]:
+    """Each fallback's tuple (`bufN = torch.ops...(...)`) with the items the wrapper takes out of it later (`bufM =
+    bufN[i]`, `bufM = bufN[i][j]`), in order: the op makes them when it runs, before the statements between (a `del`
+    of its inputs, another op's call: 2.6.0 writes a flash backward's items after the next call), so run_call makes
+    their storages at the op's statement."""
+    tuples: set[str] = set()
+    found: dict[str, list] = {}
+    for statement in body:
+        for part in (p.strip() for p in statement.split("#")[0].split(";")):
+            if (match := _FALLBACK.match(part)) and not _CAT.match(part):
+                tuples.add(match.group(1))
+            elif (match := _ITEM.match(part)) and match.group(2) in tuples:
+                found.setdefault(match.group(2), []).append((part, match))
+    return found
 
 
 def _argument_dtype(part: str, names: dict[str, int], dtypes: dict[int, str]) -> str | None:

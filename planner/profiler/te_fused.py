@@ -11,7 +11,7 @@ Which ops are fused, and what each kernel reads and writes per element (bf16 act
   x read (2 B) and the normalised output written (2 B), plus 1/rms per token (4 B; LayerNorm also its
   mean: 8 B); backward one kernel (`tex.rmsnorm_bwd` / `tex.layernorm_bwd`, layernorm_linear.py
   955-966): grad and x read, dx written (6 B), the statistics read per token. Eager RMSNorm with its
-  fp32 upcast moves 36 and 96 B (analytic_time.NORM_FWD, NORM_BWD);
+  fp32 upcast moves 36 and 96 B (LLaMA's; each architecture's own: norm_bytes.rms_norm);
 - rotary: under `apply_rope_fusion` Megatron-core calls TE's fused_apply_rotary_pos_emb (megatron/core/
   models/common/embeddings/rope_utils.py 21, Megatron-LM d98e8a64; TE transformer_engine/common/
   fused_rope/fused_rope.cu): Q and K read and written once each way (4 B), the table read per token;
@@ -61,6 +61,7 @@ from collections import Counter
 from planner.models.attention_rates import te_attention_gpu
 from planner.profiler import analytic_time, float8, formulas, te_delayed, te_mla, te_moe, te_rerun
 from planner.profiler.membound import membound_ms
+from planner.profiler.norm_bytes import rms_norm
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 from planner.profiler.te_bytes import (
     GELU_FUSED_BWD,
@@ -92,13 +93,18 @@ def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
         rope = te_mla.saved_bytes(arch, shape) if arch.mla else _rope_saved(arch, shape)
         return ((act_fwd - GELU_FUSED_FWD) * T * f + rope[0] + qk[0],
                 (act_bwd - GELU_FUSED_BWD) * T * f + rope[1] + qk[1])
-    norm_fwd = 2 * ((analytic_time.NORM_FWD - TE_NORM_FWD) * rows * h
-                    + (analytic_time.NORM_FWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
-    norm_bwd = 2 * ((analytic_time.NORM_BWD - TE_NORM_BWD) * rows * h
-                    + (analytic_time.NORM_BWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
+    norm_fwd, norm_bwd = _norms_saved(arch, rows, h)
     rope = te_mla.saved_bytes(arch, shape) if arch.mla else _rope_saved(arch, shape)
     swiglu = ((analytic_time.SWIGLU_FWD - SWIGLU_FUSED_FWD) * T * f, (analytic_time.SWIGLU_BWD - SWIGLU_FUSED_BWD) * T * f)
     return norm_fwd + rope[0] + swiglu[0] + qk[0], norm_bwd + rope[1] + swiglu[1] + qk[1]
+
+
+def _norms_saved(arch, rows: int, h: int) -> tuple[int, int]:
+    """(forward, backward) bytes TE's norm inside linear_qkv and linear_fc1 moves less than the block's two eager
+    norms as the architecture's code runs them (norm_bytes.rms_norm)."""
+    norm = rms_norm(arch)
+    return (2 * ((norm.fwd - TE_NORM_FWD) * rows * h + (norm.fwd_row - TE_RMSNORM_TOKEN) * rows),
+            2 * ((norm.bwd - TE_NORM_BWD) * rows * h + (norm.bwd_row - TE_RMSNORM_TOKEN) * rows))
 
 
 def _qk_saved(arch, shape) -> tuple[int, int]:
@@ -186,7 +192,7 @@ def fused_classes(arch, shape) -> tuple[Counter, Counter]:
     if arch.style == "gpt":
         act_fwd, act_bwd = analytic_time.ACT_BYTES[arch.mlp_act]
         return rotary[0] + Counter(activation=act_fwd * T * f), rotary[1] + Counter(activation=act_bwd * T * f)
-    norms = _norm_classes(rows, h)
+    norms = _norm_classes(arch, rows, h)
     return (rotary[0] + norms[0] + Counter(activation=analytic_time.SWIGLU_FWD * T * f),
             rotary[1] + norms[1] + Counter(activation=analytic_time.SWIGLU_BWD * T * f))
 
@@ -200,10 +206,11 @@ def _rope_classes(arch, shape) -> tuple[Counter, Counter]:
     return +Counter(attention=analytic_time.ROTARY_FWD * rotated), +Counter(attention=analytic_time.ROTARY_BWD * rotated)
 
 
-def _norm_classes(rows: int, h: int) -> tuple[Counter, Counter]:
-    """(forward, backward) eager bytes (class norm) of the block's two RMSNorms, which TE's norm replaces."""
-    return (Counter(norm=2 * (analytic_time.NORM_FWD * rows * h + analytic_time.NORM_FWD_TOKEN * rows)),
-            Counter(norm=2 * (analytic_time.NORM_BWD * rows * h + analytic_time.NORM_BWD_TOKEN * rows)))
+def _norm_classes(arch, rows: int, h: int) -> tuple[Counter, Counter]:
+    """(forward, backward) eager bytes (class norm) of the block's two RMSNorms (the architecture's own:
+    norm_bytes.rms_norm), which TE's norm replaces."""
+    norm = rms_norm(arch)
+    return Counter(norm=2 * norm.forward(rows * h, rows)), Counter(norm=2 * norm.backward(rows * h, rows))
 
 
 def moe_classes(arch, shape) -> tuple[Counter, Counter]:
@@ -221,7 +228,7 @@ def moe_classes(arch, shape) -> tuple[Counter, Counter]:
     else:
         rope = _rope_classes(arch, shape)
     classes = []
-    for parts in zip(_norm_classes(rows, arch.hidden_size), rope, te_moe.moe_classes(arch, shape)):
+    for parts in zip(_norm_classes(arch, rows, arch.hidden_size), rope, te_moe.moe_classes(arch, shape)):
         replaced = Counter()
         for part in parts:
             replaced.update(part)
@@ -287,10 +294,7 @@ def moe_passes(arch, shape, passes: tuple[Work, Work, Work]) -> tuple[Work, Work
     from planner.profiler import te_moe, te_moe_eager, te_moe_float8
 
     rows, h = shape.tokens // shape.sp_div, arch.hidden_size
-    norm_saved = (2 * ((analytic_time.NORM_FWD - TE_NORM_FWD) * rows * h
-                       + (analytic_time.NORM_FWD_TOKEN - TE_RMSNORM_TOKEN) * rows),
-                  2 * ((analytic_time.NORM_BWD - TE_NORM_BWD) * rows * h
-                       + (analytic_time.NORM_BWD_TOKEN - TE_RMSNORM_TOKEN) * rows))
+    norm_saved = _norms_saved(arch, rows, h)
     norm_fused = 2 * (TE_NORM_FWD * rows * h + TE_RMSNORM_TOKEN * rows), 2 * (TE_NORM_BWD * rows * h + TE_RMSNORM_TOKEN * rows)
     rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape)) if arch.rotates else 0
     rope, rope_fused = _rope_saved(arch, shape), (ROPE_FUSED_FWD * rotated, ROPE_FUSED_BWD * rotated)

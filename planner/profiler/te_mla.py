@@ -35,6 +35,7 @@ from collections import Counter
 
 from planner.models.attention_rates import te_attention_gpu
 from planner.profiler import analytic_time, hf_mla, te_bytes
+from planner.profiler.norm_bytes import rms_norm
 
 
 def _rope_elements(arch, shape) -> tuple[int, int]:
@@ -68,9 +69,10 @@ def eager_classes(arch, shape) -> tuple[Counter, Counter]:
     tensors)."""
     elements, _ = latent_norm_elements(arch, shape)
     rotated = shape.tokens * (arch.num_heads // shape.tp * arch.qk_rope_head_dim + arch.qk_rope_head_dim)
-    return (Counter(norm=analytic_time.NORM_FWD * elements, attention=analytic_time.ROTARY_FWD * rotated)
+    norm = rms_norm(arch)
+    return (Counter(norm=norm.fwd * elements, attention=analytic_time.ROTARY_FWD * rotated)
             + hf_mla.forward_bytes(arch, shape),
-            Counter(norm=analytic_time.NORM_BWD * elements, attention=analytic_time.ROTARY_BWD * rotated)
+            Counter(norm=norm.bwd * elements, attention=analytic_time.ROTARY_BWD * rotated)
             + hf_mla.backward_bytes(arch, shape))
 
 

@@ -33,8 +33,14 @@ the input's dtype unless `--moe-router-dtype`), TE's row map int32 (4 B).
 GPT-OSS's clamp runs before the compiled function, eagerly, and linear_fc2's bias is added expert by expert
 (te_moe_eager.py): their bytes stay eager ops' in the record (moe_saved keeps them, and takes out the eager
 profile's repeated biases).
-Not counted (T·E-sized or smaller): the aux-loss scores' fused kernel and sum (Qwen3's aux_loss), the
-split sizes' reductions; the all-to-all is the cost model's term.
+- the auxiliary load-balancing loss (`Arch.router_aux_loss`: Megatron-core's aux_loss type with a coefficient above 0,
+  router.py 270-296 and 526-538 at 92c8482e; TE v2.9 csrc/extensions/router.cpp 93-190, the tensors in the
+  logits' dtype): forward `fused_score_for_moe_aux_loss_fwd` reads the logits (2 TE) and writes the scores (2 TE), the
+  routing map (1 TE) and its intermediate (2 TE), and `fused_moe_aux_loss_fwd` reads the scores (2 TE); backward
+  `fused_moe_aux_loss_bwd` writes the scores' gradient (2 TE) and `fused_score_for_moe_aux_loss_bwd` reads the
+  intermediate and that gradient and writes the logits' (6 TE): 9 TE forward, 8 backward at the fused rate (the
+  routing map's eager sum and the logits' two gradients' add: te_moe_eager.py).
+Not counted (T·E-sized or smaller): the split sizes' reductions; the all-to-all is the cost model's term.
 """
 
 from __future__ import annotations
@@ -42,11 +48,13 @@ from __future__ import annotations
 from collections import Counter
 
 from planner.profiler import analytic_time, formulas, gptoss_time, te_bytes, te_moe_eager
+from planner.profiler.norm_bytes import rms_norm
 
 ROUTER_FWD = ROUTER_BWD = 9  # per (token, expert): fused top-k's logits, probs, map and fp32 intermediate
 ROW_MAP_MAKE, ROW_MAP = 5, 4  # per (token, expert): routing map read + int32 row map written; row map read
 WEIGHTED_GLU_FWD, WEIGHTED_GLU_BWD = 6, 10  # per element of the width-f output (SWIGLU_FUSED's)
 WEIGHT_FWD, WEIGHT_BWD = 2, 4  # per token copy: the routing weight read; read and its gradient written
+AUX_LOSS_FWD, AUX_LOSS_BWD = 9, 8  # per (token, expert): the aux loss's two TE kernels each way (the module docstring)
 
 
 def routed_bytes(arch, shape) -> tuple[int, int]:
@@ -60,6 +68,8 @@ def routed_bytes(arch, shape) -> tuple[int, int]:
            + sort + WEIGHTED_GLU_FWD * S * f + WEIGHT_FWD * S + (2 * S * h + 2 * T * h) + ROW_MAP * T * E)
     bwd = (ROUTER_BWD * T * E + (2 * S * h + 2 * T * h) + ROW_MAP * T * E + 2 * S + 2 * T * E
            + sort + WEIGHTED_GLU_BWD * S * f + WEIGHT_BWD * S + (2 * T * h + 2 * S * h) + ROW_MAP * T * E)
+    if arch.router_aux_loss:
+        fwd, bwd = fwd + AUX_LOSS_FWD * T * E, bwd + AUX_LOSS_BWD * T * E
     return fwd, bwd
 
 
@@ -101,7 +111,7 @@ def qk_norm_bytes(arch, shape, *, fused: bool) -> tuple[int, int]:
         return 0, 0
     rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
     if not fused:
-        return analytic_time.NORM_FWD * rotated, analytic_time.NORM_BWD * rotated
+        return rms_norm(arch).forward(rotated), rms_norm(arch).backward(rotated)
     rows = rotated // arch.head_size * te_bytes.TE_RMSNORM_TOKEN * (1 if arch.style == "llama" else 2)
     return te_bytes.TE_NORM_FWD * rotated + rows, te_bytes.TE_NORM_BWD * rotated + rows
 

@@ -33,6 +33,11 @@ routing weights (te_moe.py: the router runs in the input's dtype).
   K each `t * cos + rotate_half(t) * sin` (rotate_half a negation and a cat) and a cat with the empty unrotated
   part, eagerly: 24 B forward and 28 B backward per element of Q or K (the cos/sin tables per position beside it,
   1/heads of it, not charged), in place of TE's fused rotary (te_bytes.ROPE_FUSED_*).
+- the auxiliary load-balancing loss's eager ops (`Arch.router_aux_loss`; its TE kernels: te_moe.py): forward
+  `_apply_aux_loss`'s `routing_map.sum(dim=0)` (router.py 277 at 92c8482e: the bool map read, 1 B per token and
+  expert, E int64 counts written; the counts' all-reduce over the TP x CP group, none at one rank, not charged);
+  backward autograd's add of the logits' two gradients, the top-k's and the aux scores' (2 + 2 read, 2 written: 6 B
+  per token and expert). Elementwise class; T tokens, E experts.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ CLAMP_FWD, CLAMP_BWD = 16, 30  # per element of each copy's f-wide GLU half (the
 APPLY_BIAS_FWD, APPLY_BIAS_BWD = 12, 16  # per element of each copy's h-wide linear_fc2 output
 FP8_PAD_FWD, FP8_PAD_BWD = 8, 8  # per element of each copy's h-wide input and output (pad + unpad)
 UNFUSED_ROPE_FWD, UNFUSED_ROPE_BWD = 24, 28  # per element of Q or K (scripts/megatron_moe_opbytes.py's count)
+AUX_SUM_FWD, AUX_COUNT, AUX_ADD_BWD = 1, 8, 6  # per (token, expert); per expert (int64); per (token, expert)
 
 
 def _copies(arch, shape) -> int:
@@ -60,7 +66,17 @@ def eager_classes(arch, shape) -> tuple[Counter, Counter]:
     S, f, h = _copies(arch, shape), arch.moe_intermediate_size // shape.tp, arch.hidden_size
     clamp = (CLAMP_FWD * S * f, CLAMP_BWD * S * f) if arch.swiglu_limit else (0, 0)
     bias = (APPLY_BIAS_FWD * S * h, APPLY_BIAS_BWD * S * h) if arch.expert_bias else (0, 0)
-    return (+Counter(activation=clamp[0], elementwise=bias[0]), +Counter(activation=clamp[1], elementwise=bias[1]))
+    aux = aux_loss_bytes(arch, shape)
+    return (+Counter(activation=clamp[0], elementwise=bias[0] + aux[0]),
+            +Counter(activation=clamp[1], elementwise=bias[1] + aux[1]))
+
+
+def aux_loss_bytes(arch, shape) -> tuple[int, int]:
+    """(forward, backward) bytes of the aux loss's eager ops (the module docstring); (0, 0) where it does not run."""
+    if not (arch.num_experts and arch.router_aux_loss):
+        return 0, 0
+    T, E = shape.tokens, arch.num_experts
+    return AUX_SUM_FWD * T * E + AUX_COUNT * E, AUX_ADD_BWD * T * E
 
 
 def eager_bytes(arch, shape) -> tuple[int, int]:

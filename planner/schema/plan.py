@@ -140,6 +140,10 @@ class SolverInfo(Strict):
     # status holding against the replay over the sets the DP weighs; None: the solvers' rows are the verdict
     replay: Literal["relaxed", "searched", "cut"] | None = None
     solves: int = 1  # the solves that took
+    # the search over caps cut by --time-limit: at most this many of its solves unmade, each about round_s seconds
+    rounds_left: int = 0
+    round_s: float = 0.0
+    timed_out: bool = False  # --time-limit stopped a solver before it finished: the best plan it had then
 
 
 class BaselineResult(Strict):

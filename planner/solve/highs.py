@@ -33,6 +33,11 @@ class SolveResult:
     # the status holds against the replay over the sets the DP weighs); None: the rows are evaluate's verdict
     replay: Literal["relaxed", "searched", "cut"] | None = None
     solves: int = 1  # how many solves under other caps that took (replayfit)
+    # the search over caps cut by the deadline (replayfit.search_caps): at most this many of its solves left unmade,
+    # and the seconds one of those it made took (the mean: a solve and its plan's replay), which the limit would need
+    rounds_left: int = 0
+    round_s: float = 0.0
+    timed_out: bool = False  # the deadline stopped a solver before it finished: the plan is the best it had then
 
 
 # ---------------------------------------------------------------- solve and extract

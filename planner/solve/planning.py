@@ -111,7 +111,9 @@ def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float, solver
         stages=result.stages,
         predicted=PlanPredicted(iteration_ms=result.cost.iteration_ms, peak_bytes_max=max(result.cost.peak_bytes_per_stage)),
         solver=SolverInfo(name=solve.solver, status=solve.status, objective=solve.objective, bound=solve.bound,
-                          gap=solve.gap, wall_s=round(solve.wall_s, 4), replay=solve.replay, solves=solve.solves),
+                          gap=solve.gap, wall_s=round(solve.wall_s, 4), replay=solve.replay, solves=solve.solves,
+                          rounds_left=solve.rounds_left, round_s=round(solve.round_s, 4),
+                          timed_out=solve.timed_out),
         baselines=references,
     )
 

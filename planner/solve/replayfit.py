@@ -89,14 +89,18 @@ def search_caps(setup: TrainSetup, relaxed: list[int], solve: SolveUnder, *, eva
     given = list(setup.pipeline.mem_caps_bytes)
     over, below, best, probed, solves, stopped = relaxed, None, None, False, 1, None
     trial = given  # the rows as given first: the plan found before the replay was searched, the least this returns
-    for _ in range(REPLAY_ROUNDS):
+    rounds_left, spent = 0, []  # where the deadline cuts the rounds: at most how many were left, each round's seconds
+    for round_index in range(REPLAY_ROUNDS):
         bar = min((ms for ms in (known_ms, best[1].iteration_ms if best else None) if ms is not None), default=None)
+        began = elapsed_s()
         result = solve(trial, bar, False) if min(trial) > 0 else None
         solves += result is not None
         if isinstance(result, NoFit) and result.status != "infeasible":
             stopped = result.status  # the deadline passed, or HiGHS failed: the best found stands
+            rounds_left = REPLAY_ROUNDS - round_index if stopped == "timeout" else 0
             break
         cost = evaluate(result.stages) if isinstance(result, PlanResult) else None
+        spent.append(elapsed_s() - began)
         if cost is not None and not cost.feasible:
             over = trial
         else:
@@ -126,7 +130,9 @@ def search_caps(setup: TrainSetup, relaxed: list[int], solve: SolveUnder, *, eva
     bound = first.solve.bound
     gap = None if bound is None else max(0.0, (cost.iteration_ms - bound) / cost.iteration_ms)
     solve_result = dataclasses.replace(first.solve, status="feasible", objective=cost.iteration_ms, gap=gap,
-                                       wall_s=elapsed_s(), replay="searched", solves=solves)
+                                       wall_s=elapsed_s(), replay="searched", solves=solves, rounds_left=rounds_left,
+                                       round_s=sum(spent) / len(spent) if rounds_left and spent else 0.0,
+                                       timed_out=first.solve.timed_out or stopped == "timeout")
     return _judged(result, cost, solve_result)
 
 

@@ -135,8 +135,9 @@ def plan(
     found = dpwindow.with_window(profile, setup, found, deadline, upper_bound_ms, relaxed)
     if given is not None and (not isinstance(found, PlanResult) or not found.cost.feasible
                               or given[1].iteration_ms < found.cost.iteration_ms):
+        timed_out = found.status == "timeout" if isinstance(found, NoFit) else found.solve.timed_out
         solve = SolveResult("feasible", given[1].iteration_ms, None, deadline.elapsed_s(),
-                            solver=pick_solver(setup, solver, profile))
+                            solver=pick_solver(setup, solver, profile), timed_out=timed_out)
         return PlanResult(stages=costmodel.with_predictions(given[0], given[1]), cost=given[1], solve=solve)
     return found
 
@@ -216,12 +217,15 @@ def _cut_short(profile: Profile, setup: TrainSetup, start, start_cost, deadline:
     measured against a proven lower bound on any plan's time; `status` without one."""
     if start is None:
         return NoFit(status, deadline.elapsed_s(), solver)
+    timed_out = status == "timeout"
     if setup.pipeline.chunks > 1:  # no proven bound on a simulated schedule's time
-        solve = SolveResult("feasible", start_cost.iteration_ms, None, deadline.elapsed_s(), solver=solver)
+        solve = SolveResult("feasible", start_cost.iteration_ms, None, deadline.elapsed_s(), solver=solver,
+                            timed_out=timed_out)
         return PlanResult(stages=costmodel.with_predictions(start, start_cost), cost=start_cost, solve=solve)
     bound_ms = dpsolve.lower_bound_ms(profile, setup)
     gap = max(0.0, (start_cost.iteration_ms - bound_ms) / start_cost.iteration_ms)
-    solve = SolveResult("feasible", start_cost.iteration_ms, gap, deadline.elapsed_s(), solver=solver, bound=bound_ms)
+    solve = SolveResult("feasible", start_cost.iteration_ms, gap, deadline.elapsed_s(), solver=solver, bound=bound_ms,
+                        timed_out=timed_out)
     return PlanResult(stages=costmodel.with_predictions(start, start_cost), cost=start_cost, solve=solve)
 
 

@@ -47,6 +47,7 @@ from planner.models.configs.megatron_float8 import read_float8
 from planner.models.configs.megatron_memflags import read_memory_settings
 from planner.models.configs.megatron_moe_dispatch import read as read_dispatcher
 from planner.models.configs.megatron_offload import read_cpu_offloading
+from planner.models.configs.megatron_router import router_facts
 from planner.models.configs.megatron_split import layout_counts, stage_layers
 from planner.models.configs.megatron_windows import layer_windows
 from planner.models.configs.ub_cfg import read_tp_overlap
@@ -199,7 +200,7 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
                         "would be wrong); ckplan scores mixtures of SwiGLU experts")
     mla = _mla(flags)
     moe.update(experts, **megatron_gptoss.yarn_scaling(flags, kind, mla=bool(mla)),  # the Arch's GPT-OSS fields
-               **megatron_gptoss.sink_fields(flags))
+               **megatron_gptoss.sink_fields(flags), **router_facts(flags, moe=bool(moe)))
     windows = layer_windows(flags, layers)  # --window-size, --window-attn-skip-freq (megatron_windows.py)
     try:
         arch = Arch(name=Path(where).stem, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
