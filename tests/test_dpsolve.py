@@ -91,6 +91,31 @@ def test_fsdp2s_moments_beside_a_pipeline_are_evaluates_in_every_range(seed, mon
     _check_every_range(profile, roomy, rng, monkeypatch)
 
 
+def test_the_time_limit_is_read_while_a_range_of_fsdp2s_moments_grows(monkeypatch):
+    """Beside a pipeline under FSDP2's moments a range's sets may be many (§42.dpseg): a limit that passes while
+    the first range grows stops it there, before its next layer, not at the next range's start."""
+    from planner.solve import dpmoments
+
+    profile = uniform_blocks(6)
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="1F1B", mem_caps_bytes=[HUGE] * 2,
+                       zero=3, dp=4)
+    assert dpmoments.applies(profile, setup)
+    chain = dpsolve.Chain(profile, setup)
+    grown, real = [], dpmoments.StageMoments.grow
+
+    def grow(self, states, m, i, *args, **keywords):
+        grown.append((i, m))
+        return real(self, states, m, i, *args, **keywords)
+
+    monkeypatch.setattr(dpmoments.StageMoments, "grow", grow)
+    ticks = iter(range(10**6))
+    deadline = Deadline(2.5, clock=lambda: next(ticks))  # made at 0; its checks read 1, 2, then 3: past it
+    with pytest.raises(Expired):
+        dpsegments.segments(chain, [(1, len(chain))] * 2, max_time_ms=dpsolve.INF, objective="time",
+                            deadline=deadline)
+    assert grown == [(0, 0)]
+
+
 def _check_every_range(profile, roomy, rng, monkeypatch):
     layers = costmodel.layer_costs(profile)
     n, P = len(layers), roomy.pipeline.stages
@@ -109,11 +134,14 @@ def _check_every_range(profile, roomy, rng, monkeypatch):
         monkeypatch.setattr(dpsegments, "VECTOR_FROM", vector_from)
         chain = dpsolve.Chain(profile, setup)
         windows = [(1, n)] * P  # every range for every stage
-        for objective, i in itertools.product(("time", "memory"), range(n)):
+        # every stage in one group of sets, and each stage alone (under FSDP2's moments a group of stages of
+        # one kind holds fewer classes: dpmoments.needed)
+        groups = [list(range(P))] + ([[s] for s in range(P)] if chain.fsdp is not None else [])
+        for objective, i, members in itertools.product(("time", "memory"), range(n), groups):
             found = {(seg.stage, seg.start, seg.end): seg
-                     for seg in dpsolve._segments_from(chain, i, list(range(P)), windows, _closing(chain, P, n),
+                     for seg in dpsolve._segments_from(chain, i, members, windows, _closing(chain, P, n),
                                                        max_time_ms=dpsolve.INF, objective=objective, cap_scale=1.0)}
-            for s in range(P):
+            for s in members:
                 for j in range(i + 1, n + 1):
                     where = (vector_from, objective, s, i, j)
                     costs = every[s, i, j]
@@ -125,6 +153,10 @@ def _check_every_range(profile, roomy, rng, monkeypatch):
                             continue
                         assert seg.time_ms == pytest.approx(min(c.busy_ms for c in fitting), rel=1e-12), where
                     else:
+                        if seg is None:  # every set dropped: none fits the largest cap of the stages grown together
+                            assert min(c.peak_bytes for c in costs) > max(caps[t] for t in members) - \
+                                costmodel.FIT_MARGIN_BYTES, where
+                            continue
                         assert seg.peak_bytes == min(c.peak_bytes for c in costs), where
                     flags = [bool(seg.mask >> b & 1) for b in range(j - i)]
                     again = costmodel.stage_cost(layers[i:j], flags, stage=s, profile=profile, setup=setup)

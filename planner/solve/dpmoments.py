@@ -15,14 +15,19 @@ of a range is held as maxima by class of moment, each net of what the layers aft
     OTHER  the layer's other extras (the moment of its             stray prefetch of the range's last unit is added
            shards absent alone: ZeRO 2, no forward after a backward)
 
-the range's layers but its last in `pv`, its last layer's as closing the stage (`ll`) and as not (`lw`: the
-next layer reduced last, resharded, its HSDP shard). A set is (ms, kept, mask, pv, lw, ll): extending it by a
-layer n folds lw (less n's kept bytes) into pv (less n's kept bytes and its later_backward_bytes), and the
-stage's extra is read from max(pv, ll) with the stage's own figures (extra). Exact, not a bound: every term
-of stage_unit_moments is one of these classes plus a figure of the range (its prefix of shards known as the
-layer is added, its stage's by the end), and max distributes over them; tests/test_dpsolve.py holds every
-range's least peak and least recompute to evaluate's brute force. A set is dropped only where another with the
-same last option is no worse in every field (front)."""
+A set of a range is held as the two things its future reads: its classes where the range ends here (its
+layers but the last net of what the last keeps and adds, the last as closing the stage) and where it goes on
+(the last as not closing, and what the next layer adds to the backward's classes), each only for the classes
+the stages that read the set score (needed), and, where a stage reads only their maximum, as that maximum
+(the backward's and the forward's where one forward precedes the first backward; with the first backward's
+where a forward follows a backward); going on, classes are merged only where every later layer of the range
+adds the same to each (grow). So a set is (ms, kept, mask, ending, going); the stage's extra is read from
+`ending` with the stage's own figures (scored). Exact, not a bound: every term of stage_unit_moments is one of
+these classes plus a figure of the range (its prefix of shards known as the layer is added, its stage's by the
+end), max distributes over them, and a class's growth is its own: tests/test_dpsolve.py holds every range's
+least peak and least recompute to evaluate's brute force. A set is dropped only where another is no worse in
+every field (front). The sets may still be many (ten options a layer: §42.dpseg), so the time limit is read as
+a range grows."""
 
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from planner.cost.rules import runtime_facts
 
 INF = math.inf
 NONE = (-INF,) * 5
+BLOCK = 128  # sets scored at once by front
 B, F, FI, H, OTHER = range(5)
 
 
@@ -83,55 +89,105 @@ class StageMoments:
             self._cache[key] = (other + max(backward), other + max(forward), first_back, head, other)
         return self._cache[key]
 
-    def grow(self, states: list[tuple], m: int, i: int, shift: int, budget: float, *, last_stage: bool) -> list[tuple]:
-        """dpsegments._grow's twin: the sets of [i, m) extended by layer m (its option at bit `shift`)."""
+    def needed(self, members) -> tuple[tuple[int, ...], ...]:
+        """The classes `scored` reads on `members`' stages, as groups whose maximum alone it reads: a backward's
+        and the forward's (one group) where no second forward precedes the first backward; with the first
+        backward's in that group and the opening layer's apart (the range's stray prefetch is added to it) where
+        one does and a forward follows a backward; each apart where none follows (the microbatch's kept bytes
+        and the shards come off some, ZeRO 2's other extras read too). Stages of different kinds: each class
+        apart. A class is grown from its own alone (grow), so no other is tracked."""
+        kinds = {0 if self.warm[s] < 2 else 1 if not self.warm_only(s) else 2 for s in members}
+        if kinds == {0}:
+            return ((B, F),)
+        if kinds == {1}:
+            return ((B, F, FI), (H,))
+        needed = (B, F, FI, H) + ((OTHER,) if self.zero2 and any(self.warm_only(s) for s in members) else ())
+        return tuple((c,) for c in needed)
+
+    def grow(self, states: list[tuple], m: int, i: int, shift: int, budget: float, *, last_stage: bool,
+             needed: tuple[tuple[int, ...], ...], end: int) -> list[tuple]:
+        """dpsegments._grow's twin: the sets of [i, m) extended by layer m (its option at bit `shift`). A set is
+        (ms, kept, mask, ending, going): its classes as the stage's extra reads them where the range ends at m + 1
+        (its layers but the last net of what the last keeps and adds, the last as closing the stage), and as
+        the next layer's extension reads them (the last as not closing, and what layer m + 1 adds to the
+        backward's classes already added) — the two are all the future reads of a set, so its layers but the
+        last are not kept apart. Only the `needed` classes are grown (the rest -inf), each group of them held as
+        its maximum (in its first class) where it ends; where it goes on, as its maximum where every class of the
+        group gets the same from each later layer up to `end` (the range's last end), else apart by what they get
+        (a backward's classes the later bytes, the others none). `going` is none where the range cannot pass
+        m + 1."""
         chain = self.chain
         model_last = last_stage and m == len(chain) - 1
         absent = self.prefix[m + 1] - self.prefix[i]
         choices = [(0, 0.0, chain.kept_plain[m], chain.raw_extra[m])] + [
             (o, ms, kept, extra) for o, ms, kept, extra in chain.raw_alternatives[m]]
-        back_step = self.later[m]
+        going_on = m + 1 < min(end, len(chain))
+        step = self.later[m + 1] if going_on else 0.0
+        steps = [step if c in (B, FI, H) else 0.0 for c in range(5)]
+        if going_on and any(self.later[k] for k in range(m + 1, min(end, len(chain)))):
+            ahead = tuple(part for group in needed
+                          for part in (tuple(c for c in group if c in (B, FI, H)), tuple(c for c in group
+                                                                                       if c not in (B, FI, H)))
+                          if part)
+        else:
+            ahead = needed
         grown = []
         for option, cost, kept, extra in choices:
             closing = self._absent(self.classes(m, option, kept, extra, opens=m == i, closes=True,
                                                 model_last=model_last), absent)
-            open_end = NONE if m == len(chain) - 1 else self._absent(
-                self.classes(m, option, kept, extra, opens=m == i, closes=False, model_last=False), absent)
+            open_end = self._absent(self.classes(m, option, kept, extra, opens=m == i, closes=False,
+                                                 model_last=False), absent) if going_on else None
             code = option << shift
-            for ms, before, mask, pv, lw, _ in states:
+            for ms, before, mask, _, going in states:
                 if ms + cost > budget:
                     continue
-                if pv is None:  # the range's first layer
-                    folded = NONE
-                else:
-                    folded = tuple(max(p - kept + (back_step if c in (B, FI, H) else 0.0), w - kept)
-                                   for c, (p, w) in enumerate(zip(pv, lw)))
-                grown.append((ms + cost, before + kept, mask | code, folded, open_end, closing))
+                pv = NONE if going is None else tuple(g - kept for g in going)
+                ending = self._merged([max(p, c) for p, c in zip(pv, closing)], needed)
+                nxt = None if open_end is None else self._merged(
+                    [max(p + t, w) for p, t, w in zip(pv, steps, open_end)], ahead)
+                grown.append((ms + cost, before + kept, mask | code, ending, nxt))
         return grown
+
+    @staticmethod
+    def _merged(values: list, groups: tuple[tuple[int, ...], ...]) -> tuple:
+        """Each group's maximum in its first class, every other class -inf."""
+        out = [-INF] * 5
+        for group in groups:
+            out[group[0]] = max(values[c] for c in group)
+        return tuple(out)
 
     @staticmethod
     def _absent(values: tuple, absent: float) -> tuple:
         return values[:FI] + (values[FI] - absent, values[H] - absent) + values[OTHER:]
 
     @staticmethod
-    def front(states: list[tuple], timed: bool, shift: int, bits: int) -> list[tuple]:
-        """The sets no other set beats or ties in every field (ms where `timed`, kept, every class of its layers
-        but the last, and its last layer's as closing and as not), sorted by ms."""
+    def front(states: list[tuple], timed: bool, needed: tuple[tuple[int, ...], ...], deadline=None) -> list[tuple]:
+        """The sets no other set beats or ties in every field (ms where `timed`, kept, the `needed` classes as
+        ending and as going on), sorted by every field, ms first. A set is dropped where any set before it in that
+        order is no worse in every field: one that is no worse comes before it, and one dropped is itself beaten
+        by one kept that beats this one too, so a block of sets is scored at once against the sets kept and the
+        block's own before it. `deadline` is checked every block."""
         if not timed:
             states = [(0.0, *state[1:]) for state in states]
-        states.sort(key=lambda state: (state[0], state[1]))
         if not states:
             return states
-        fields = np.array([(state[0], state[1], *state[3], *state[4], *state[5]) if state[3] is not None
-                           else (state[0], state[1]) + (-INF,) * 15 for state in states])
-        kept = np.empty_like(fields)
-        count, out = 0, []
-        for row, state in zip(fields, states):
-            if count and np.all(kept[:count] <= row, axis=1).any():
-                continue
-            kept[count] = row
-            count += 1
-            out.append(state)
+        held = [c for group in needed for c in group]
+        fields = np.array([(state[0], state[1], *(state[3][c] for c in held),
+                            *((state[4][c] for c in held) if state[4] is not None else ()))
+                           for state in states])
+        fields = fields[:, (fields != fields[0]).any(axis=0) | (np.arange(fields.shape[1]) < 2)]  # no constant
+        order = np.lexsort(fields.T[::-1])
+        fields = fields[order]
+        kept, out = fields[:0], []
+        for start in range(0, len(fields), BLOCK):
+            if deadline is not None:
+                deadline.check()
+            block = fields[start:start + BLOCK]
+            beaten = np.tril((block[None, :, :] <= block[:, None, :]).all(axis=2), -1).any(axis=1)
+            if len(kept):
+                beaten |= (kept[None, :, :] <= block[:, None, :]).all(axis=2).any(axis=1)
+            kept = np.concatenate([kept, block[~beaten]])
+            out += [states[order[start + n]] for n in np.flatnonzero(~beaten)]
         return out
 
     def floor(self, i: int, j: int, stages) -> float:
@@ -153,8 +209,7 @@ class StageMoments:
         stray = self.outputs[j - 1] if j - i > 1 else 0.0
         floor = -shards if warm_only else 0.0
         out = []
-        for ms, kept, mask, pv, _, ll in states:
-            v = [max(a, b) for a, b in zip(pv, ll)]
+        for ms, kept, mask, v, _ in states:
             if warm < 2:
                 x = max(v[B], v[F])
             else:

@@ -244,14 +244,16 @@ def segments(chain: Chain, windows: list[tuple[int, int]], *, max_time_ms: float
         stages = [s for s in range(num_stages) if starts[s][0] <= i <= starts[s][1]]
         if stages:
             found += _segments_from(chain, i, stages, windows, closing, max_time_ms=max_time_ms, objective=objective,
-                                    cap_scale=cap_scale, max_recompute_ms=max_recompute_ms, excluded=excluded or {})
+                                    cap_scale=cap_scale, max_recompute_ms=max_recompute_ms, excluded=excluded or {},
+                                    deadline=deadline)
     return found
 
 
 def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *, max_time_ms: float,
                    objective: str, cap_scale: float, max_recompute_ms: float = INF,
-                   excluded: Excluded | None = None) -> list[Segment]:
+                   excluded: Excluded | None = None, deadline: Deadline | None = None) -> list[Segment]:
     """The segments of every stage in `stages` that starts at layer i."""
+    deadline = deadline or Deadline(None)
     found = []
     opening = {s: chain.opening_bytes(s, i) for s in stages}
     timed = objective == "time"
@@ -274,9 +276,11 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
     # own (Chain.tail_layers) parts the last stage's sets from the others'
     last = len(chain.stages) - 1
     fsdp = chain.fsdp
-    groups = [(stages, [(0.0, 0, 0, None, None, None) if fsdp else (0.0, 0, 0, 0)])]
+    groups = [(stages, [(0.0, 0, 0, None, None) if fsdp else (0.0, 0, 0, 0)])]
     for j in range(i + 1, max(windows[s][1] for s in stages) + 1):
         m = j - 1
+        if fsdp is not None:  # a range's moment sets may be many: the time limit is read as it grows
+            deadline.check()
         run.add(time_ms=chain.plain_ms[m], held_bytes=chain.static[m], step_ms=chain.step_ms[m],
                 host_bytes=chain.host[m], params=chain.params[m], largest_params=chain.largest[m],
                 scratch_bytes=chain.step_scratch[m])
@@ -299,7 +303,9 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
         grown = []
         for members, states in groups:
             if fsdp is not None:
-                states = fsdp.grow(states, m, i, (m - i) * chain.bits, budget, last_stage=members == [last])
+                needed = fsdp.needed(members)
+                states = fsdp.grow(states, m, i, (m - i) * chain.bits, budget, last_stage=members == [last],
+                                   needed=needed, end=max(windows[s][1] for s in members))
             else:
                 options = chain.tail_options(m, i) if tail and members == [last] else None
                 states = _grow(states, chain, m, (m - i) * chain.bits, budget, options)
@@ -310,7 +316,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
                 continue
             # for the least peak, recompute time plays no part: a front over (kept, extra) alone
             if fsdp is not None:
-                states = fsdp.front(states, timed, (m - i) * chain.bits, chain.bits)
+                states = fsdp.front(states, timed, needed, deadline)
             else:
                 states = front(states if timed else [(0.0, *st[1:]) for st in states])
             grown.append((members, states))
