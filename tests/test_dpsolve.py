@@ -69,7 +69,54 @@ def test_each_range_gets_its_least_recompute_and_least_peak(seed, monkeypatch):
     (and, for "memory", the smallest peak of all), both found by trying every subset: whether
     numpy scores the sets or Python does (dpsegments.VECTOR_FROM), each held to the one brute
     force (trying every subset costs more than both solves, so it is made once a case)."""
-    profile, roomy, rng = random_case(seed)
+    _check_every_range(*random_case(seed), monkeypatch)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fsdp2s_moments_beside_a_pipeline_are_evaluates_in_every_range(seed, monkeypatch):
+    """The same, every case ckplan's runtime at ZeRO 2 or 3 beside a 1F1B or GPipe pipeline (dp 4, HSDP's two
+    groups of 2 in a third of them), where a stage's FSDP2 moments are its own (gathered.stage_unit_moments:
+    the first and last unit, the shards absent in the first backward, the stray prefetch): the DP grows them
+    by class (planner/solve/dpmoments.py), and each range's least recompute and least peak is evaluate's."""
+    from planner.solve import dpmoments
+
+    profile, roomy, rng = random_case(1000 + seed)
+    while len(profile.layers) < 2:
+        profile, roomy, rng = random_case(rng.randint(2000, 10**6))
+    stages = rng.randint(2, min(3, len(profile.layers)))
+    roomy = TrainSetup(stages=stages, microbatches=rng.choice([stages, stages + 1, 6]), micro_batch_size=1,
+                       schedule=rng.choice(["1F1B", "GPipe"]), mem_caps_bytes=[HUGE] * stages, zero=2 + seed % 2,
+                       dp=4, shard_group=2 if seed % 3 == 0 else None)
+    assert dpmoments.applies(profile, roomy)
+    _check_every_range(profile, roomy, rng, monkeypatch)
+
+
+def test_the_time_limit_is_read_while_a_range_of_fsdp2s_moments_grows(monkeypatch):
+    """Beside a pipeline under FSDP2's moments a range's sets may be many (§42.dpseg): a limit that passes while
+    the first range grows stops it there, before its next layer, not at the next range's start."""
+    from planner.solve import dpmoments
+
+    profile = uniform_blocks(6)
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="1F1B", mem_caps_bytes=[HUGE] * 2,
+                       zero=3, dp=4)
+    assert dpmoments.applies(profile, setup)
+    chain = dpsolve.Chain(profile, setup)
+    grown, real = [], dpmoments.StageMoments.grow
+
+    def grow(self, states, m, i, *args, **keywords):
+        grown.append((i, m))
+        return real(self, states, m, i, *args, **keywords)
+
+    monkeypatch.setattr(dpmoments.StageMoments, "grow", grow)
+    ticks = iter(range(10**6))
+    deadline = Deadline(2.5, clock=lambda: next(ticks))  # made at 0; its checks read 1, 2, then 3: past it
+    with pytest.raises(Expired):
+        dpsegments.segments(chain, [(1, len(chain))] * 2, max_time_ms=dpsolve.INF, objective="time",
+                            deadline=deadline)
+    assert grown == [(0, 0)]
+
+
+def _check_every_range(profile, roomy, rng, monkeypatch):
     layers = costmodel.layer_costs(profile)
     n, P = len(layers), roomy.pipeline.stages
     ranges = [(s, i, j) for s in range(P) for i in range(n) for j in range(i + 1, n + 1)]
@@ -87,11 +134,14 @@ def test_each_range_gets_its_least_recompute_and_least_peak(seed, monkeypatch):
         monkeypatch.setattr(dpsegments, "VECTOR_FROM", vector_from)
         chain = dpsolve.Chain(profile, setup)
         windows = [(1, n)] * P  # every range for every stage
-        for objective, i in itertools.product(("time", "memory"), range(n)):
+        # every stage in one group of sets, and each stage alone (under FSDP2's moments a group of stages of
+        # one kind holds fewer classes: dpmoments.needed)
+        groups = [list(range(P))] + ([[s] for s in range(P)] if chain.fsdp is not None else [])
+        for objective, i, members in itertools.product(("time", "memory"), range(n), groups):
             found = {(seg.stage, seg.start, seg.end): seg
-                     for seg in dpsolve._segments_from(chain, i, list(range(P)), windows, _closing(chain, P, n),
+                     for seg in dpsolve._segments_from(chain, i, members, windows, _closing(chain, P, n),
                                                        max_time_ms=dpsolve.INF, objective=objective, cap_scale=1.0)}
-            for s in range(P):
+            for s in members:
                 for j in range(i + 1, n + 1):
                     where = (vector_from, objective, s, i, j)
                     costs = every[s, i, j]
@@ -103,6 +153,10 @@ def test_each_range_gets_its_least_recompute_and_least_peak(seed, monkeypatch):
                             continue
                         assert seg.time_ms == pytest.approx(min(c.busy_ms for c in fitting), rel=1e-12), where
                     else:
+                        if seg is None:  # every set dropped: none fits the largest cap of the stages grown together
+                            assert min(c.peak_bytes for c in costs) > max(caps[t] for t in members) - \
+                                costmodel.FIT_MARGIN_BYTES, where
+                            continue
                         assert seg.peak_bytes == min(c.peak_bytes for c in costs), where
                     flags = [bool(seg.mask >> b & 1) for b in range(j - i)]
                     again = costmodel.stage_cost(layers[i:j], flags, stage=s, profile=profile, setup=setup)

@@ -72,11 +72,16 @@ SETUPS = [  # (profile, setup)
     (lambda: profile_for(TINY, seq_len=512)(1, False, 1), dict(stages=3, microbatches=8, schedule="1F1B",
                                                                precision="bf16-mixed", runtime="megatron", dp=2,
                                                                zero=1, shard_gb_per_s=100.0, replica_gb_per_s=50.0)),
+    # ckplan's FSDP2 beside GPipe, no forward after a backward: a stage's shards absent until its first
+    # reduce-scatter, its transient below its loss scratch (gathered.stage_floor)
+    (lambda: heterogeneous(5), dict(stages=2, microbatches=2, schedule="GPipe", dp=4, zero=2)),
+    (lambda: heterogeneous(5), dict(stages=2, microbatches=3, schedule="GPipe", dp=4, zero=3)),
 ]
 
 
 @pytest.mark.parametrize("make, options", SETUPS, ids=["cpu-1F1B", "cpu-GPipe", "cuda-1F1B", "titan-fsdp", "titan-lazy-1F1B",
-                                                       "titan-lazy-GPipe", "megatron"])
+                                                       "titan-lazy-GPipe", "megatron", "ckplan-fsdp2-zero2",
+                                                       "ckplan-fsdp2-zero3"])
 def test_the_need_is_below_every_checkpoint_set_of_every_split(make, options):
     profile = make()
     setup = TrainSetup(micro_batch_size=1, mem_caps_bytes=[80 * GiB] * options["stages"], **options)

@@ -1,7 +1,4 @@
-"""ckplan's runtime at ZeRO 2/3 beside a pipeline (2 stages x dp 2, 4 gloo processes). Since stop 59's merge the
-prediction is the solvers' per-layer bound (gathered.fsdp_unit_layer_bytes), which the DP and the MILP can charge
-without the split, and the runs below hold it as a bound; the stage's own moments read below are not charged yet.
-What follows is the reading: FSDP2's units per
+"""ckplan's runtime at ZeRO 2/3 beside a pipeline (2 stages x dp 2, 4 gloo processes): FSDP2's units charged per
 moment as the stage runs them (planner/cost/gathered.py stage_unit_moments, §399-§401, §435-§436), where the largest
 layer's constant term put the tied GPT 18-45% over its measured peak. Each split is pinned (the solver's choice
 moved with a timed profile). The last stage of 1F1B (one forward before each backward) is held as one stage is
@@ -77,10 +74,24 @@ def _pinned(plan_path, profile_path, cut: int):
                                               for stage, c in zip(stages, cost.stages)]})
 
 
+# What a split measures beyond the bytes explained, traced and not charged (held, not a loosened tolerance): the
+# embedding alone on the first stage peaks 2,944 B above the prediction at its reduce-scatter in the final callback
+# (MemTracker: TEMP 25,600 B, a second tensor of the unit's size beside the input and output not read, §437) on 5
+# runs of 6 at ZeRO 2 and 3, and 6,016 B above in its own backward on the sixth (an earlier reduce-scatter's
+# 10,240 B still held beside it: gloo's completion order, §438); the head alone on the last stage at ZeRO 3 128 B
+# beyond the 12 (§437). Measured in /tmp/zero3split, §41.zero3split.
+HELD_UNDER = {("first", 1): 6_016, ("last", 5, 3): 140}
+# A first stage whose worst rank, under load, peaks one moment later with an earlier collective's buffer still held
+# (the other rank of the stage at the usual bytes; §438): [embed, blocks.0-1] at ZeRO 3 peaks at blocks.0's
+# copy-out in the first backward with a third 50,816 B tensor (blocks.0's size) beside its all-gather output and
+# blocks.1's reduce-scatter input: 620,584 B, in the lead's run, this branch's test run and a loaded rerun.
+LATE_HELD = {(3, 3): 26_560}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("zero", [2, 3])
 @pytest.mark.parametrize("cut", [1, 3, 5], ids=["embedding-alone", "middle", "head-alone"])
-def test_every_kind_of_split_holds_under_the_prediction(tied_plans, cut, zero):
+def test_every_kind_of_split_peaks_at_the_prediction(tied_plans, cut, zero):
     """A pinned split, not the solver's (which a timed profile moves): the embedding alone on the first stage, the
     head alone on the last, and [embed, blocks.0-1] | [blocks.2-3, head]; the tied table is split across the
     stages in each (a copy a stage, §399). The untied twin measures the same bytes on every split (§41.zero3split).
@@ -92,7 +103,11 @@ def test_every_kind_of_split_holds_under_the_prediction(tied_plans, cut, zero):
     plan = _pinned(plans[zero], profile, cut)
     report = run_plan(plan, plan_file=plans[zero], steps=1, warmup_steps=1)
     (first, last) = [(s.measured.peak_bytes, s.predicted.peak_bytes) for s in report.stages]
-    # evaluate charges the solvers' per-layer bound (one cost model, assembly.stage_sums), never under the stage's
-    # own moments: every split's plan holds; the moments themselves (gathered.stage_unit_moments) are held to this
-    # run's bytes in §41.zero3split and by hand in tests/test_fsdpunits.py
-    assert first[0] <= first[1] and last[0] <= last[1], (first, last)
+    if ("first", cut) in HELD_UNDER:
+        assert 0 <= first[0] - first[1] <= HELD_UNDER["first", cut], first
+    else:  # two forwards before its first backward: ZeRO 0's own 4,096 B over (§402), within 3%
+        assert abs(first[0] - first[1]) <= 0.03 * first[0] or first[0] - first[1] == LATE_HELD.get((cut, zero)), first
+    if zero == 2:  # §384's unexplained 4,100 B under (the head alone: 252 B over)
+        assert abs(last[0] - last[1]) <= 0.02 * last[1], last
+    else:
+        assert 0 <= last[0] - last[1] <= HELD_UNDER.get(("last", cut, zero), UNCHARGED_BYTES), last

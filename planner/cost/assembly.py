@@ -12,6 +12,7 @@ from planner.cost import (
     asynctp,
     comm,
     dataparallel,
+    gathered,
     megatron_fsdp_moments,
     nccl_buffers,
     runtimes,
@@ -422,16 +423,15 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
         totals[term.quantity] += term.value(last, stage, ctx)
     for term in _rows_at("stage"):
         totals[term.quantity] += term.value(stage, ctx)
-    # FSDP2's units beside a pipeline stay at the solvers' per-layer bound (gathered.fsdp_unit_layer_bytes), never
-    # under a stage's own moments (gathered.stage_unit_moments, not charged): the DP and the MILP cannot see a split's
-    # moments, and evaluate charges what they charge (one cost model; §41, stop 59's merge note)
-
+    # FSDP2's units beside a pipeline at the stage's own moments (the DP's: solve/dpmoments.py)
+    per_layer = gathered.stage_unit_moments(layers, options, per_layer, stage=stage, profile=profile, setup=setup,
+                                            microbatch_kept=sum(totals[q] for q in quantities("kept")))
     static = totals["static"] + dataparallel.zero_one_excess_bytes(
         sum(layer.param_count for layer in layers), max(layer.largest_param_count for layer in layers), setup)
     loss_extra = stage_value("extra", stage, ctx)
     # the loss's scratch is gone before the stage's layers run their backward, and what the loss keeps (the last
     # stage) is freed before any of them does: after the last layer; `floor`: what static lacks until then
-    floor = 0.0  # gathered.stage_floor is a stage's own moment too: not charged, as above
+    floor = gathered.stage_floor(layers, stage=stage, profile=profile, setup=setup)
     transient = max(net_extra_bytes([(v["extra"], v["kept"]) for v in per_layer] + [(floor, stage_value("kept", stage, ctx))],
                                     floor), loss_extra + floor)
     return StageSums(

@@ -89,8 +89,9 @@ def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup
     inside its stage (the unit before it prefetched, the previous all-gather output at its copy-out, the unit
     after it reduced last: none of them at a stage's ends), every layer's forward end (it may be its stage's
     last), and, where a stage's first backward follows two forwards or more, the largest layer's all-gather
-    output a stage's first unit may prefetch (fsdpunits.stray_prefetch): the solvers' bound, never under a
-    stage's own moments, which evaluate charges (stage_unit_moments)."""
+    output a stage's first unit may prefetch (fsdpunits.stray_prefetch): never under a stage's own moments, which
+    evaluate charges in its place (stage_unit_moments), as the DP does (planner/solve/dpmoments.py) and the MILP's
+    cuts hold it to (planner/solve/milp_moments.py)."""
 
     if not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
         return 0
@@ -174,6 +175,51 @@ def stage_floor(layers: Sequence[LayerCost], *, stage: int, profile: Profile, se
         return 0.0
     params, _, _ = _units_args(profile, setup, [layer.name for layer in layers])
     return -sum(params) * dataparallel.param_bytes(setup).grads / dataparallel.shard_size(setup)
+
+
+def stage_units(profile: Profile, setup: TrainSetup):
+    """(params, fp8, units): every layer's parameters on the rank, its Float8 weights, and the units' arguments
+    (_units_args over the model), read once by a solver that places FSDP2's moments layer by layer."""
+    return _units_args(profile, setup)
+
+
+def neighbour_moments(layer: LayerCost, option: int, kept: float, *, profile: Profile, setup: TrainSetup, units_of,
+                      index: int, opens: bool, closes: bool, model_last: bool,
+                      alone: bool = False) -> tuple[list[float], list[float]]:
+    """Layer `index`'s backward and forward moments as stage_unit_moments charges them beside a pipeline, before
+    its first-backward terms (the stray prefetch, the shards absent): from its neighbours in its stage alone, the
+    layer before it where it does not open the stage (prefetched, its all-gather output at the copy-out), the
+    layer after where it does not close it (reduced last; ZeRO 2's unit resharded by then; HSDP's shard), and
+    its copy-out in its pre-backward where it opens the stage at ZeRO 3. What each further layer after it adds
+    to its backward moments is later_backward_bytes'. `units_of`: stage_units' (params, fp8, units). Read only
+    with "per-layer" units and none kept gathered from the forward (fsdpunits.beside_pipeline, ckplan's
+    record), where a unit's moments see its neighbours and no other layer. `alone`: as if no layer of its
+    stage were beside it and it had no copy-out of its own (the least of every place's, but ZeRO 2's resharded
+    units: the MILP's relaxation, planner/solve/milp_moments.py)."""
+    params, fp8, units = units_of
+    if alone:
+        opens, closes = False, True
+    lo, hi = (index if opens or alone else index - 1), (index + 1 if closes else index + 2)
+    near, near_fp8, j = params[lo:hi], fp8[lo:hi], index - lo
+    zero2 = setup.data_parallel.zero < 3
+    backward, forward = _moments(layer, option, profile, setup, kept, near, near_fp8, j, units, model_last=model_last,
+                                 every_end=True, copy_back=opens and not zero2)
+    if zero2:  # as stage_unit_moments: the units after it resharded at their post-backward, its own at its own
+        resharded = sum(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f in zip(near[j + 1:], near_fp8[j + 1:]))
+        own = dataparallel.gathered_bytes(near[j], setup, fp8_count=near_fp8[j])
+        backward = [backward[0] - resharded, backward[1] - resharded, backward[2] - resharded - own]
+    return backward, forward
+
+
+def later_backward_bytes(units_of, index: int, setup: TrainSetup) -> float:
+    """What layer `index`, two or more layers after another of its stage, adds to that layer's backward moments
+    (stage_unit_moments): its HSDP reduce-scatter output kept to the backward's end (fsdpunits.layer_moment_bytes'
+    `reduced`), less, under ZeRO 2, its weights resharded at its post-backward."""
+    params, fp8, _ = units_of
+    reduced = params[index] * dataparallel.reduced_bytes_per_param(setup)
+    if setup.data_parallel.zero < 3:
+        reduced -= dataparallel.gathered_bytes(params[index], setup, fp8_count=fp8[index])
+    return reduced
 
 
 def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,

@@ -5,7 +5,8 @@ accumulator's sums (costmodel.StageRun) and the evaluator's peak (costmodel.peak
 Pareto front of (recompute ms, kept bytes, extra bytes) kept. Under Megatron-FSDP's double buffer a
 layer's extra holds its moments as evaluate places them (megatron_fsdp_moments.stage_moments): a unit's
 everywhere, and on the pipeline's last stage the model's last unit's and the output layer's own, from
-which on the last stage's sets grow apart from the other stages' (Chain.tail_layers)."""
+which on the last stage's sets grow apart from the other stages' (Chain.tail_layers). Beside a pipeline under
+FSDP2's moments a set carries its maxima by class of moment instead of one extra (planner/solve/dpmoments.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from planner.cost import costmodel, gradtiming, megatron_fsdp_moments
 from planner.schema import PipelineSetup, Profile, TrainSetup
+from planner.solve import dpmoments
 from planner.solve.deadline import Deadline
 
 INF = math.inf
@@ -87,6 +89,8 @@ class Chain:
         self.alternatives = [[(o, ms, kept, self._extra(m, o, extra, kept)) for o, ms, kept, extra in options]
                              for m, options in enumerate(self.raw_alternatives)]
         self.tail_layers = self._tail_layers()
+        # FSDP2's units at each stage's own moments beside a pipeline (planner/solve/dpmoments.py); None elsewhere
+        self.fsdp = dpmoments.StageMoments(self) if dpmoments.applies(profile, setup) else None
         self.bits = max(len(layer.options) - 1 for layer in layers).bit_length()  # per layer in a mask
         self.step_scratch = per_layer(("scratch",), False)
         self.static = per_layer(held, False)  # held all step long
@@ -240,14 +244,16 @@ def segments(chain: Chain, windows: list[tuple[int, int]], *, max_time_ms: float
         stages = [s for s in range(num_stages) if starts[s][0] <= i <= starts[s][1]]
         if stages:
             found += _segments_from(chain, i, stages, windows, closing, max_time_ms=max_time_ms, objective=objective,
-                                    cap_scale=cap_scale, max_recompute_ms=max_recompute_ms, excluded=excluded or {})
+                                    cap_scale=cap_scale, max_recompute_ms=max_recompute_ms, excluded=excluded or {},
+                                    deadline=deadline)
     return found
 
 
 def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *, max_time_ms: float,
                    objective: str, cap_scale: float, max_recompute_ms: float = INF,
-                   excluded: Excluded | None = None) -> list[Segment]:
+                   excluded: Excluded | None = None, deadline: Deadline | None = None) -> list[Segment]:
     """The segments of every stage in `stages` that starts at layer i."""
+    deadline = deadline or Deadline(None)
     found = []
     opening = {s: chain.opening_bytes(s, i) for s in stages}
     timed = objective == "time"
@@ -269,9 +275,12 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
     # the stages that read one list of sets: all of them, until a layer whose moments on the last stage are its
     # own (Chain.tail_layers) parts the last stage's sets from the others'
     last = len(chain.stages) - 1
-    groups = [(stages, [(0.0, 0, 0, 0)])]
+    fsdp = chain.fsdp
+    groups = [(stages, [(0.0, 0, 0, None, None) if fsdp else (0.0, 0, 0, 0)])]
     for j in range(i + 1, max(windows[s][1] for s in stages) + 1):
         m = j - 1
+        if fsdp is not None:  # a range's moment sets may be many: the time limit is read as it grows
+            deadline.check()
         run.add(time_ms=chain.plain_ms[m], held_bytes=chain.static[m], step_ms=chain.step_ms[m],
                 host_bytes=chain.host[m], params=chain.params[m], largest_params=chain.largest[m],
                 scratch_bytes=chain.step_scratch[m])
@@ -281,7 +290,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
             break
         if timed and plain > max_time_ms:
             break
-        tail = m in chain.tail_layers
+        tail = m in chain.tail_layers or (fsdp is not None and m == len(chain) - 1)
         if tail:
             groups = [part for group in groups for part in _part_last(group, last)]
         budget = min(max_time_ms - plain, max_recompute_ms) if timed else INF
@@ -289,28 +298,39 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
         # byte of room for the peak's rounding to whole bytes); the whole gradients allocated
         # at the first backward may be out of the peak (gradtiming.one_chunk), and grow too
         floor = held - late_grad if late_grad and discounts else held
+        if fsdp is not None:  # a stage's transient may be as low as its floor (its shards absent)
+            floor += fsdp.floor(i, j, stages)
         grown = []
         for members, states in groups:
-            options = chain.tail_options(m, i) if tail and members == [last] else None
-            states = _grow(states, chain, m, (m - i) * chain.bits, budget, options)
+            if fsdp is not None:
+                needed = fsdp.needed(members)
+                states = fsdp.grow(states, m, i, (m - i) * chain.bits, budget, last_stage=members == [last],
+                                   needed=needed, end=max(windows[s][1] for s in members))
+            else:
+                options = chain.tail_options(m, i) if tail and members == [last] else None
+                states = _grow(states, chain, m, (m - i) * chain.bits, budget, options)
             states = [st for st in states
                       if floor + first_held + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept)
                       <= cap_high + 1]
             if not states:
                 continue
             # for the least peak, recompute time plays no part: a front over (kept, extra) alone
-            states = front(states if timed else [(0.0, *st[1:]) for st in states])
+            if fsdp is not None:
+                states = fsdp.front(states, timed, needed, deadline)
+            else:
+                states = front(states if timed else [(0.0, *st[1:]) for st in states])
             grown.append((members, states))
-            columns = None
-            if len(states) >= VECTOR_FROM:  # many sets: score them all at once
-                columns = (np.array([st[1] for st in states], dtype=np.int64),
-                           np.array([st[2] for st in states], dtype=np.int64))
+            columns = None if fsdp is not None else _columns(states)
             for s in members:
                 if windows[s][0] <= j <= windows[s][1]:
                     kept, edge_held = (a + b for a, b in zip(opening[s], closing[s][j]))
                     sums = (plain + chain.edge_comm_ms(s, i, j), held, step, run.step_scratch_bytes)
                     edge = (kept, edge_held, chain.end_bytes(s, i, j), late_grad)
-                    segment = _best_set(chain.stages[s], s, i, j, states, sums, edge, objective, columns,
+                    stage, scored, cols = chain.stages[s], states, columns
+                    if fsdp is not None:  # each set's extra on this stage, from its classes
+                        scored, stage = fsdp.scored(states, s, i, j, kept, stage)
+                        cols = _columns(scored)
+                    segment = _best_set(stage, s, i, j, scored, sums, edge, objective, cols,
                                         pipeline=chain.setup.pipeline, excluded=(excluded or {}).get((s, i, j)))
                     if segment is not None and (not timed or segment.time_ms <= max_time_ms):
                         found.append(segment)
@@ -318,6 +338,13 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
         if not groups:
             break
     return found
+
+
+def _columns(states: list[tuple]):
+    """The sets' kept and extra bytes as arrays, where there are many to score at once (else None)."""
+    if len(states) < VECTOR_FROM:
+        return None
+    return (np.array([st[1] for st in states], dtype=np.int64), np.array([st[2] for st in states], dtype=np.int64))
 
 
 def _part_last(group: tuple[list[int], list[tuple]], last: int) -> list[tuple[list[int], list[tuple]]]:

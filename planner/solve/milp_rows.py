@@ -12,6 +12,7 @@ import pulp
 from planner.cost import costmodel, dataparallel, gradtiming, megatron_fsdp_moments
 from planner.cost.costmodel import LayerCost
 from planner.schema import Profile, TrainSetup
+from planner.solve import milp_moments
 from planner.solve.deadline import Deadline
 from planner.solve.highs import SolveResult, _HiGHS, extract_plan, solve, start_values  # noqa: F401
 
@@ -134,7 +135,9 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
     total = [_const(problem, ("kept",), s) / MIB]
     # T_s = max(a layer's extra (transient, + recompute) net of what the layers after it keep,
     # the stage's own extra, the loss's scratch): costmodel.transient_extra_bytes
-    scratch = pulp.LpVariable(f"T_{s}", lowBound=_const(problem, ("extra",), s) / MIB)
+    fsdp = milp_moments.applies(problem)  # FSDP2's moments beside a pipeline: relaxed rows, cuts (milp_moments)
+    scratch = pulp.LpVariable(f"T_{s}", lowBound=None if milp_moments.floor_applies(problem, s)
+                              else _const(problem, ("extra",), s) / MIB)
     # K[s,g] (MiB): what stage s's layers of runs g, g+1, ... keep per microbatch, as a
     # recurrence so each transient constraint names one variable instead of every later run
     later = {len(problem.runs): _const(problem, ("kept",), s) / MIB}  # the loss's, freed first
@@ -150,12 +153,12 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
         present = None
         if extra > 0 or step_bytes > 0:
             present = _presence(problem, f"p_{s}_{g}", n(s, g), run.size)
-        if extra > 0:
+        if extra > 0 and not fsdp:
             # [Constraint] T_s ≥ the extra of the run's last layer in the stage minus what
             # the runs after it keep (its earlier layers have more after them)
             lp += scratch >= extra / MIB * present - later[g + 1], f"transient_{s}_{g}"
         order = problem.order[g]
-        for place, o in enumerate(order):
+        for place, o in enumerate(order if not fsdp else ()):
             used = _presence(problem, f"q_{s}_{g}_{o}", problem.r[s, g, o], run.size)
             # [Constraint] T_s ≥ the extra of the run's last layer under option o (the run's
             # layers take the options in problem.order, none last) minus what the layers after it keep
@@ -169,6 +172,8 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
                  _edge(problem, _held(), "close", layer, s) / MIB * closes(s, g)]
         if present is not None and step_bytes > 0:
             step_scratch.append((step_bytes, present, n(s, g)))
+    if fsdp:
+        milp_moments.rows(problem, s, n, scratch, later, pulp.lpSum(total))
     if s == problem.setup.pipeline.stages - 1:
         _tail_rows(problem, s, n, scratch, later)
     held += _zero_one_excess_mib(problem, s, n)

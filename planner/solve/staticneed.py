@@ -11,8 +11,8 @@ allocated at the stage's first backward (costmodel.lazy_grad... as the DP subtra
 runtime keeps them all iteration); k_s: its in-flight microbatches; K: the layers' kept bytes, each
 layer's least over all its options at least; E: what its edges and position keep; T: the transient,
 at least the stage's loss scratch (the layers' extras and the lazy gradients above the activations
-only add); S: the optimizer step's scratch; end: what the schedule keeps at the step's end. Taking
-each layer's least kept bytes gives
+only add), less FSDP2's shards where a pipelined stage lacks them (dpmoments.floor); S: the optimizer
+step's scratch; end: what the schedule keeps at the step's end. Taking each layer's least kept bytes gives
     need_s(i, j) = H - G + max(k_s (K_min + E) + loss scratch, S, end)  <=  the peak of every set,
 and a min-max partition DP over the cuts finds the split whose largest need_s / limit_s is least
 (limit_s: costmodel.limit_bytes, at replayfit.relaxed_caps where the allocator replay judges: rows
@@ -175,9 +175,14 @@ class Needs:
         # they are under unbounded kept bytes (all of them in 1F1B's steady state, else none), linear in them
         above = costmodel.one_chunk_gradients_above(1.0, stage=s, kept=math.inf,
                                                     pipeline=self.chain.setup.pipeline) * late_grad
+        # the transient at least the loss's scratch on its floor (FSDP2's shards absent: dpmoments.floor)
+        floor = 0.0
+        if self.chain.fsdp is not None and self.chain.fsdp.warm_only(s):
+            prefix = np.array(self.chain.fsdp.prefix)
+            floor = -(prefix[None, :] - prefix[:, None])[index]
         return _Need(held=self.held[index] + edges["held"], static=self.static[index], late_grad=late_grad,
                      activations=stage.in_flight * (self.kept[index] + edges["kept"])
-                     + stage.loss_scratch_bytes + above,
+                     + stage.loss_scratch_bytes + floor + above,
                      scratch=self.scratch[index], end=edges["end"])
 
     def totals(self, s: int) -> np.ndarray:
