@@ -138,3 +138,30 @@ def test_the_search_says_every_setting_it_scored_with(tmp_path):
     said = " ".join(result.output.split())
     assert ("every configuration scored with --timing-log-level 1 --grad-reduce-in-bf16 --te-cross-entropy "
             "--nccl-nvls-off") in said
+
+
+@pytest.mark.parametrize("limit_s, most_s", [(100, 50.0), (1000, 60.0)])
+def test_the_compared_configurations_are_scored_inside_the_limit(tmp_path, monkeypatch, limit_s, most_s):
+    """§42.searchscale: scored after the search's deadline, a compared configuration's profile and 60 s plan solve
+    ran past --time-limit (E2: 701 s for 600). They are scored first now, under the search's deadline: a plan
+    solve 60 s at most and within half of what the limit has left (100 s: under 50 s), the search after them."""
+    from planner.commands import search_compare
+    from planner.solve import jobsearch
+
+    events, real_score, real_search = [], search_compare.score, jobsearch.search_job
+
+    def score(config, **kwargs):
+        events.append(("score", kwargs["time_limit_s"]))
+        return real_score(config, **kwargs)
+
+    def search_job(*args, deadline, **kwargs):
+        events.append(("search", deadline.elapsed_s()))
+        return real_search(*args, deadline=deadline, **kwargs)
+
+    monkeypatch.setattr(search_compare, "score", score)
+    monkeypatch.setattr(jobsearch, "search_job", search_job)
+    result = run_ok("search", "--arch-config", _tiny_config(tmp_path), *SHAPE, "--top", "1", "--json", "--out",
+                    tmp_path / "p.yaml", "--tp", "1", "--micro-batch-size", "1", "--time-limit", str(limit_s))
+    assert [what for what, _ in events] == ["score", "search"]
+    assert 0 < events[0][1] <= most_s and (events[0][1] == 60.0) == (most_s == 60.0)
+    assert json.loads(result.stdout)["compared"][0]["iteration_ms"] > 0

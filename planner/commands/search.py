@@ -80,7 +80,8 @@ def _schedules(text: str | None, runtime: str, settings) -> tuple[str, ...]:
               help="Micro-batch sizes to try [default: every divisor of a replica's share of the batch].")
 @click.option("--top", type=click.IntRange(1, 50), default=5, show_default=True, help="Configurations ranked.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
-              help="Seconds for the whole search, its profiles included; past it the ranking is the best of what "
+              help="Seconds for the whole search, its profiles and the configurations compared beside "
+                   "included; past it the ranking is the best of what "
                    "was solved, and what was left unexplored or unsolved is said.")
 @click.option("--compare", is_flag=True, help="Score the frameworks' published configurations of this model beside.")
 @click.option("--tp", type=click.IntRange(min=1), default=None, help="A hand configuration: tensor parallel.")
@@ -189,12 +190,14 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
                          searched=training | {"tp_overlap": tp_overlap})
     # every chunk count the bounds leave, the default space's and named schedules' alike: an interleaved one's
     # bound with its bubble, sends and reductions (chunkbound.py) prunes before its MILP (§41.chunklp)
-    outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=deadline)
+    # the configurations compared first, inside the limit (scored after the search's, they ran past it: §42.searchscale)
     compared = search_report.compared(model.arch_name if compare else None, hand, gpus=gpus, global_batch=global_batch,
                                       options=options, profile_for=profile_for, seq_len=seq_len, gpu=device.name,
                                       imported=imported, profile_for_model=lambda arch: _Model(
                                           arch=arch, ref=model.ref).profile_for(
-                                          device, seq_len, compiled=settings.compile_model, compiled_loss=loss_compiled))
+                                          device, seq_len, compiled=settings.compile_model, compiled_loss=loss_compiled),
+                                      deadline=deadline)
+    outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=deadline)
     report = search_report.Report(outcome, compared, job=job, options=options, gpu=device, arch=model.arch,
                                   seq_len=seq_len, global_batch=global_batch, out=out if outcome.ranked else None)
     if outcome.ranked:

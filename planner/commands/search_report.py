@@ -70,18 +70,30 @@ def scored_row(scored) -> Row:
 
 
 def compared(arch_name, hand, *, gpus, global_batch, options, profile_for, seq_len, gpu, imported=(),
-             profile_for_model=None) -> list:
+             profile_for_model=None, deadline=None) -> list:
     """The published configurations of the model (with --compare), the hand one and `imported`
     ones, scored. `imported`: configurations read from a framework's own files
     (`--from-megatron ARGS`, `--from-torchtitan TOML`), as Published records
     (search_compare.from_framework_job); one that carries its own model (Megatron-LM's padded
-    vocabulary) is profiled by `profile_for_model(model)`."""
+    vocabulary) is profiled by `profile_for_model(model)`. `deadline`: the search's, which they are
+    scored inside before it runs: a configuration whose recompute is ckplan's plan is solved for
+    60 s at most and, together with the others, within half of what the limit has left, the search
+    keeping the other half."""
     from planner.commands import search_compare
+    from planner.solve.deadline import Deadline
 
+    left = None if deadline is None else deadline.remaining_s()
+    share = Deadline(None if left is None else left / 2)
     configs = search_compare.matching(arch_name) + ([hand] if hand is not None else []) + list(imported)
     return [search_compare.score(c, gpus=gpus, global_batch=global_batch, options=options,
                                  profile_for=profile_for if c.model is None else profile_for_model(c.model),
-                                 time_limit_s=60.0, seq_len=seq_len, gpu=gpu) for c in configs]
+                                 time_limit_s=_solve_limit_s(share), seq_len=seq_len, gpu=gpu) for c in configs]
+
+
+def _solve_limit_s(share) -> float:
+    """A compared plan's solve: 60 s, or what the compared configurations' share of the limit has left."""
+    left = share.remaining_s()
+    return 60.0 if left is None else min(60.0, left)
 
 
 class Report:

@@ -92,6 +92,7 @@ from planner.errors import UserError
 from planner.models.archs import CONTEXT_SOURCE, GPU, Arch
 from planner.profiler import (
     allocseq,
+    analytic_blocks,
     analytic_comm,
     analytic_cp,
     analytic_mtp,
@@ -415,8 +416,7 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = 
     record their kept bytes under torch.compile too (compiled_kept.py)."""
     check_fits(arch, shape)
     layers = [embedding_layer(arch, shape, gpu, mfu),
-              *(block_layer(i, arch.layer(i), shape, gpu, mfu, compiled=compiled).model_copy(
-                  update={"variant": arch.layer_variant(i)}) for i in range(arch.num_layers)),
+              *analytic_blocks.blocks(block_layer, arch, shape, gpu, mfu, compiled=compiled),  # each distinct one built once
               *mtp_layers(arch, shape, gpu, mfu),
               head_layer(arch, shape, gpu, mfu)]
     layers = analytic_comm.with_collectives(layers, arch, shape, gpu, mfu)  # tensor-parallel, per microbatch
