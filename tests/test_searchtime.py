@@ -72,11 +72,15 @@ def test_profiles_past_half_the_limit_solve_the_best_bound_kept_once_and_the_ran
 
 
 def test_a_search_whose_profiles_outlast_the_limit_returns_the_best_bound_kept_at_half_of_it():
-    # limit 3 s: half of it passes with the second profile; the enumeration stops before the fourth
+    # limit 3 s: half of it passes with the second profile; the deadline passes with the third, and the enumeration
+    # stops at the next configuration, whose bound it would otherwise still take though its profile is built
     outcome, built = _search(3)
     every = enumerate_degrees(JOB)
     _, second = _first_keys(JOB, 1)  # the configuration that builds the second profile
-    _, stop = _first_keys(JOB, 3)  # the one that would build the fourth
+    _, third = _first_keys(JOB, 2)  # the one that builds the third
+    _, fourth = _first_keys(JOB, 3)  # the one that would build the fourth
+    stop = third + 1
+    assert stop < fourth  # configurations on built profiles lie between: the deadline stops them too
     assert len(built) == 3 and outcome.considered == stop and outcome.unexplored == len(every) - stop > 0
     # by hand: the configurations kept by the time the clock read 2 s are those up to the second profile's
     free = jobsearch.candidates(JOB, OPTIONS, jobsearch.Profiles(profile_for(MINI)), jobsearch.Outcome())
@@ -104,7 +108,7 @@ def test_the_command_cut_short_among_its_profiles_writes_the_early_plan_and_says
     said = " ".join(text.output.split())
     assert text.exit_code == 0, text.output
     assert "1 of them the best bound kept when half of --time-limit had gone to profiles" in said
-    assert "configurations not explored, the deadline passing while profiles were built (1 built);" in said
+    assert "configurations not explored, the deadline passing before them (profiles built: 1);" in said
     assert "the ranking is the best of what was solved" in said
 
 

@@ -224,10 +224,10 @@ def _bubble(o) -> str:
 
 
 def _left(o) -> str:
-    """What a search cut short by its deadline left: configurations never reached (their profiles not built)
+    """What a search cut short by its deadline left: configurations never reached (neither profiled nor bounded)
     and those that passed the memory bound without a solve."""
-    unexplored = (f"{o.unexplored} configurations not explored, the deadline passing while profiles were built "
-                  f"({o.profiles} built); " if o.unexplored else "")
+    unexplored = (f"{o.unexplored} configurations not explored, the deadline passing before them "
+                  f"(profiles built: {o.profiles}); " if o.unexplored else "")
     return f"{unexplored}{len(o.unsolved)} passing the memory bound not solved"
 
 
