@@ -127,7 +127,7 @@ def measure_model(
 
     def layer_profiles() -> list[LayerProfile]:
         return [t.profile(kind=kinds[i], act_bytes=saved.act_bytes[i], input_in_act_bytes=saved.input_in_act_bytes[i],
-                          option_bytes=saved.option_bytes[i], routing=routing[i])
+                          input_shared_bytes=saved.input_shared_bytes[i], option_bytes=saved.option_bytes[i], routing=routing[i])
                 for i, t in enumerate(timed)]
 
     warnings = list(dict.fromkeys(warnings))  # an option a kind's layers cannot run, said once
@@ -304,7 +304,8 @@ class _TimedLayer:
         self.layer.zero_grad(set_to_none=True)
         self.x.grad = None
 
-    def profile(self, *, kind: str, act_bytes: int, input_in_act_bytes: int, option_bytes: dict[str, int],
+    def profile(self, *, kind: str, act_bytes: int, input_in_act_bytes: int, input_shared_bytes: int,
+                option_bytes: dict[str, int],
                 routing: Routing | None = None) -> LayerProfile:
         fwd, bwd = self.job.stats()[0]
         params = list(self.layer.parameters())
@@ -324,6 +325,7 @@ class _TimedLayer:
             input_bytes=storage_nbytes(self.x),
             output_bytes=storage_nbytes(self.output),
             input_in_act_bytes=input_in_act_bytes,
+            input_shared_bytes=input_shared_bytes,
             param_count=sum(p.numel() for p in params),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0),
