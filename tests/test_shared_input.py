@@ -51,12 +51,12 @@ def test_the_profile_records_the_input_the_layer_before_saved_as_shared():
 
 
 def _profile():
-    def one(name, kind, act, in_act, shared):
+    def one(name, kind, act, in_act, shared, buffers=0):
         return LayerProfile(name=name, kind=kind, fwd_ms=1.0, bwd_ms=2.0, fwd_ms_min=1.0, fwd_ms_max=1.0,
                             bwd_ms_min=2.0, bwd_ms_max=2.0, act_bytes=act, input_bytes=T, output_bytes=T,
                             input_in_act_bytes=in_act, input_shared_bytes=shared, param_count=272,
-                            param_bytes=1088, transient_bytes=0, recompute_ms=1.0)
-    return profile_of([one("0", "Squash", 2 * T, T, 0), one("1", "Res", 2 * T + 256, 0, T),
+                            param_bytes=1088, transient_bytes=0, recompute_ms=1.0, buffer_bytes=buffers)
+    return profile_of([one("0", "Squash", 2 * T, T, 0, buffers=512), one("1", "Res", 2 * T + 256, 0, T),
                        one("2", "Res", 3 * T + 256, T, 0), one("3", "Res", 3 * T + 256, T, 0)])
 
 
@@ -103,3 +103,20 @@ def test_the_solvers_score_the_shared_storage_as_evaluate_does(stages, fraction)
         found = search.plan(profile, setup, solver=solver, mip_gap=0.0, threads=1)
         assert found.cost.feasible and found.cost.iteration_ms == pytest.approx(best, rel=1e-9), solver
         assert found.cost.iteration_ms == costmodel.evaluate(found.stages, profile, setup).iteration_ms
+
+
+def test_a_layers_registered_buffers_are_on_its_stage_all_along():
+    """The CPU runtime's MemTracker counts a module's buffers (torch 2.13.0 mem_tracker.py 573-618); a table of
+    8 x 16 fp32 registered on the first layer, used or not, is 512 B on stage 0 and nowhere else."""
+    from planner.profiler.kinds import buffer_bytes
+
+    squash = Squash()
+    squash.register_buffer("table", torch.zeros(8, 16))
+    squash.register_buffer("view", squash.table[:4])  # a view of it: the same storage, once
+    assert buffer_bytes(squash) == 512 and buffer_bytes(Res()) == 0
+    profile = _profile()
+    bare = profile.model_copy(update={"layers": [item.model_copy(update={"buffer_bytes": 0}) for item in profile.layers]})
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=4, mem_caps_bytes=[2**30] * 2)
+    plan = costmodel.split_to_stages([0, 2], [0] * 4, profile)
+    with_table, without = (costmodel.evaluate(plan, p, setup).peak_bytes_per_stage for p in (profile, bare))
+    assert [a - b for a, b in zip(with_table, without)] == [512, 0]

@@ -92,6 +92,7 @@ class LayerCost:
     # of the kind's act_bytes, this layer's output, which the next layer saves as its input and pays for
     # (layer_costs: shared_out); act_bytes is net of it
     output_shared_bytes: int = 0
+    buffer_bytes: int = 0  # its registered buffers (the profile's)
 
     @cached_property
     def options(self) -> tuple[OptionCost, ...]:
@@ -120,6 +121,12 @@ class LayerCost:
 
 
 # ---------------------------------------------------------------- per-layer terms
+
+
+BUFFER_ROWS = (("a layer's registered buffers, on its stage's device all along", "buffers", "layer",
+                lambda layer, ckpt, ctx: layer.buffer_bytes,
+                "the profile's module.buffers(); the CPU runtime's peak counts them (torch 2.13.0 mem_tracker.py "
+                "573-618, 788-815: docs/framework-facts.md §548)"),)
 
 
 _LAYER_COSTS: dict[int, tuple] = {}  # id(profile) -> (a weak reference to it, its parts' ids, its layer costs)
@@ -174,6 +181,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             largest_param_count=max(item.largest_param_count or 0 for item in same),
             param_tensors=max(item.param_tensors for item in same),
             lookup_param_count=max(item.lookup_param_count for item in same),
+            buffer_bytes=max(item.buffer_bytes for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
             recompute_ms=(None if any(item.recompute_ms is None for item in same)
                           else fmean(item.recompute_ms for item in same)),

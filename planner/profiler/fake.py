@@ -64,7 +64,7 @@ from planner.profiler import (
 )
 from planner.profiler.fake_mode import data_free, fake_module, fake_tensor, new_mode
 from planner.profiler.fake_split import with_split_times
-from planner.profiler.kinds import layer_kinds, lookup_param_count
+from planner.profiler.kinds import buffer_bytes, layer_kinds, lookup_param_count
 from planner.profiler.opclass import Tracker, op_class
 from planner.profiler.roofline import Kernel, Work
 from planner.profiler.saved import Layers, LossFn, saved_bytes
@@ -367,7 +367,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             param_count=count,
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0), transient_bytes=transient,
-            lookup_param_count=lookup_param_count(layer),
+            lookup_param_count=lookup_param_count(layer), buffer_bytes=buffer_bytes(layer),
             step_ms=analytic.step_ms(count, gpu), **_routing_fields(run),
             recompute_options=[
                 RecomputeOption(name=OPTION_NONE, kept_bytes=act),

@@ -37,7 +37,7 @@ from planner.cost.optimizers import OPTIMIZERS, make_optimizer
 from planner.cost.tied import check_tieable, tied_params
 from planner.errors import UserError
 from planner.profiler import allocseq, options, sanity
-from planner.profiler.kinds import layer_kinds, lookup_param_count
+from planner.profiler.kinds import buffer_bytes, layer_kinds, lookup_param_count
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.splitbackward import SplitTimeJob, split_per_option, split_time_job
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
@@ -331,6 +331,7 @@ class _TimedLayer:
             largest_param_count=max((p.numel() for p in params), default=0),
             param_tensors=sum(p.requires_grad for p in params),
             lookup_param_count=lookup_param_count(self.layer),
+            buffer_bytes=buffer_bytes(self.layer),
             expert_param_count=routing.expert_param_count if routing else 0,
             a2a_bytes=routing.a2a_bytes if routing else 0,
             routed_tokens=routing.routed_tokens if routing else [],

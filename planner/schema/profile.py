@@ -274,6 +274,10 @@ class LayerProfile(Strict):
     # once, to the first layer saving it, so act_bytes leaves it out): the layer's own where that layer is not on its
     # stage (planner/cost/layers.py). Measured and fake profiles; 0 in analytic ones and in profiles made before
     input_shared_bytes: Bytes = 0
+    # its registered buffers (module.buffers(): a fixed table, a mask), held on its stage's device all along; measured
+    # and fake profiles (an analytic profile's runtime tables are the cost model's: planner/cost/rotarytable.py). 0 in
+    # profiles made before
+    buffer_bytes: Bytes = 0
     param_count: Count
     param_bytes: Bytes
     # of param_count, the routed experts' parameters (a mixture-of-experts block's; 0 elsewhere and
