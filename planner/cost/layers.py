@@ -89,6 +89,10 @@ class LayerCost:
     float8_param_count: int = 0  # of param_count, Float8 linears' weights (the profile's record; 0: none)
     # its TE modules by num_gemms, where its Float8 record has a delayed scaling one (planner/cost/te_delayed.py)
     float8_module_gemms: tuple[int, ...] = ()
+    # of the kind's act_bytes, this layer's output, which the next layer saves as its input and pays for
+    # (layer_costs: shared_out); act_bytes is net of it
+    output_shared_bytes: int = 0
+    buffer_bytes: int = 0  # its registered buffers (the profile's)
 
     @cached_property
     def options(self) -> tuple[OptionCost, ...]:
@@ -112,11 +116,17 @@ class LayerCost:
 
     @property
     def recompute_peak_bytes(self) -> int:
-        """Extra bytes while this checkpointed layer is recomputed in backward."""
-        return max(self.act_bytes - self.input_bytes, 0)
+        """Extra bytes while this checkpointed layer is recomputed in backward (all it saves, its output too)."""
+        return max(self.act_bytes + self.output_shared_bytes - self.input_bytes, 0)
 
 
 # ---------------------------------------------------------------- per-layer terms
+
+
+BUFFER_ROWS = (("a layer's registered buffers, on its stage's device all along", "buffers", "layer",
+                lambda layer, ckpt, ctx: layer.buffer_bytes,
+                "the profile's module.buffers(); the CPU runtime's peak counts them (torch 2.13.0 mem_tracker.py "
+                "573-618, 788-815: docs/framework-facts.md §548)"),)
 
 
 _LAYER_COSTS: dict[int, tuple] = {}  # id(profile) -> (a weak reference to it, its parts' ids, its layer costs)
@@ -157,10 +167,10 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
         kind: dict(
             fwd_ms=fmean(item.fwd_ms for item in same),
             bwd_ms=fmean(item.bwd_ms for item in same),
-            act_bytes=max(item.act_bytes for item in same),
+            act_bytes=max(item.act_bytes + item.input_shared_bytes for item in same),  # its input its own
             input_bytes=max(item.input_bytes for item in same),
             output_bytes=max(item.output_bytes for item in same),
-            input_in_act_bytes=min(item.input_in_act_bytes for item in same),
+            input_in_act_bytes=min(item.input_in_act_bytes + item.input_shared_bytes for item in same),
             param_count=max(item.param_count for item in same),
             expert_param_count=max(item.expert_param_count for item in same),
             a2a_bytes=max(item.a2a_bytes for item in same),
@@ -171,6 +181,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             largest_param_count=max(item.largest_param_count or 0 for item in same),
             param_tensors=max(item.param_tensors for item in same),
             lookup_param_count=max(item.lookup_param_count for item in same),
+            buffer_bytes=max(item.buffer_bytes for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
             recompute_ms=(None if any(item.recompute_ms is None for item in same)
                           else fmean(item.recompute_ms for item in same)),
@@ -190,8 +201,22 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
     tied = tied_sets(profile)
     before = {name: sum(item.param_count for item in profile.tied if name in item.layers[1:])
               for name in {name for item in profile.tied for name in item.layers[1:]}}
-    return [LayerCost(name=layer.name, kind=layer.kind, variant=layer.variant, **per_kind[layer.kind, layer.variant],
-                      tied=tied.get(layer.name, ()), shared_before=before.get(layer.name, 0)) for layer in profile.layers]
+    out = shared_out(profile.layers)
+    return [LayerCost(name=layer.name, kind=layer.kind, variant=layer.variant,
+                      **{**per_kind[layer.kind, layer.variant],
+                         "act_bytes": per_kind[layer.kind, layer.variant]["act_bytes"] - shared},
+                      output_shared_bytes=shared, tied=tied.get(layer.name, ()), shared_before=before.get(layer.name, 0))
+            for layer, shared in zip(profile.layers, out)]
+
+
+def shared_out(layers) -> list[int]:
+    """Per layer, its output's bytes that the next layer pays for. The profile charges a storage to the first
+    layer saving it (planner/profiler/saved.py); a layer's kind-normalised act_bytes adds back its input's where the
+    layer before saved it (input_shared_bytes), so the charge is exact where that layer is on another stage, and the
+    layer before is charged net of it: the storage counted once wherever the stage is cut, the stage output (fwd_cache,
+    rules.last_layer_kept_bytes) being that same tensor. The profile records it only where every option of the next
+    layer keeps its input, so whatever that layer runs pays for it."""
+    return [after.input_shared_bytes for after in layers[1:]] + [0]
 
 
 def _module_gemms(layer) -> tuple[int, ...]:

@@ -37,7 +37,7 @@ from planner.cost.gathered import (
     kept_reduce_scatter_input_bytes,
     unsharded_bytes,
 )
-from planner.cost.layers import LayerCost
+from planner.cost.layers import BUFFER_ROWS, LayerCost
 from planner.cost.opsacep import op_sac_ep_kept_bytes
 from planner.cost.repeatedkv import repeated_kv_extra_bytes, repeated_kv_kept_bytes
 from planner.cost.rotarytable import rotary_table_bytes
@@ -362,7 +362,7 @@ TERMS: tuple[Term, ...] = (
          "the record's fsdp_units; FSDP2's stream order at torch 2.6.0 (_fsdp_state.py _root_pre_forward, "
          "_root_post_backward_final_callback; _fsdp_collectives.py foreach_all_gather, foreach_reduce): beyond "
          "dataparallel.exposed_comm_ms's hiding behind each layer's own compute"),
-    *(Term(*row) for row in nccl_sms.ROWS + deepspeed_step.ROWS + te_delayed.ROWS),  # NCCL's CTAs (nccl_sms.py), ZeRO 3's step (deepspeed_step.py)
+    *(Term(*row) for row in nccl_sms.ROWS + deepspeed_step.ROWS + te_delayed.ROWS + BUFFER_ROWS),  # NCCL's CTAs (nccl_sms.py), ZeRO 3's step (deepspeed_step.py)
     Term("Megatron-LM's first and last bucket: the model's first layer's gather waited before the first forward and "
          "its reduction after the last backward (one stage a rank)", "step", "layer",
          lambda layer, ckpt, ctx: megatron_dp.edge_exposed_ms(layer, ctx.profile, ctx.setup),

@@ -64,7 +64,7 @@ from planner.profiler import (
 )
 from planner.profiler.fake_mode import data_free, fake_module, fake_tensor, new_mode
 from planner.profiler.fake_split import with_split_times
-from planner.profiler.kinds import layer_kinds, lookup_param_count
+from planner.profiler.kinds import buffer_bytes, layer_kinds, lookup_param_count
 from planner.profiler.opclass import Tracker, op_class
 from planner.profiler.roofline import Kernel, Work
 from planner.profiler.saved import Layers, LossFn, saved_bytes
@@ -363,10 +363,11 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             name=name, kind=kinds[index], fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_ms_min=fwd_ms, fwd_ms_max=fwd_ms,
             bwd_ms_min=bwd_ms, bwd_ms_max=bwd_ms,
             recompute_ms=full_ms, act_bytes=act, input_bytes=input_bytes, output_bytes=storage_nbytes(output),
-            input_in_act_bytes=saved.input_in_act_bytes[index], param_count=count,
+            input_in_act_bytes=saved.input_in_act_bytes[index], input_shared_bytes=saved.input_shared_bytes[index],
+            param_count=count,
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0), transient_bytes=transient,
-            lookup_param_count=lookup_param_count(layer),
+            lookup_param_count=lookup_param_count(layer), buffer_bytes=buffer_bytes(layer),
             step_ms=analytic.step_ms(count, gpu), **_routing_fields(run),
             recompute_options=[
                 RecomputeOption(name=OPTION_NONE, kept_bytes=act),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from planner.profiler.storages import storage_key, storage_nbytes
+
 
 def _structure(layer: nn.Module) -> tuple:
     """Class plus every parameter's and buffer's name, shape, dtype (and whether it trains)."""
@@ -33,3 +35,9 @@ def lookup_param_count(layer: nn.Module) -> int:
     tables = {id(p): p for module in layer.modules() if isinstance(module, (nn.Embedding, nn.EmbeddingBag))
               for p in module.parameters(recurse=False) if p.requires_grad}
     return sum(p.numel() for p in tables.values())
+
+
+def buffer_bytes(layer: nn.Module) -> int:
+    """The layer's registered buffers (module.buffers(): a fixed table, a mask), each storage once
+    (LayerProfile.buffer_bytes)."""
+    return sum({storage_key(b): storage_nbytes(b) for b in layer.buffers()}.values())

@@ -37,7 +37,7 @@ from planner.cost.optimizers import OPTIMIZERS, make_optimizer
 from planner.cost.tied import check_tieable, tied_params
 from planner.errors import UserError
 from planner.profiler import allocseq, options, sanity
-from planner.profiler.kinds import layer_kinds, lookup_param_count
+from planner.profiler.kinds import buffer_bytes, layer_kinds, lookup_param_count
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.splitbackward import SplitTimeJob, split_per_option, split_time_job
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
@@ -127,7 +127,7 @@ def measure_model(
 
     def layer_profiles() -> list[LayerProfile]:
         return [t.profile(kind=kinds[i], act_bytes=saved.act_bytes[i], input_in_act_bytes=saved.input_in_act_bytes[i],
-                          option_bytes=saved.option_bytes[i], routing=routing[i])
+                          input_shared_bytes=saved.input_shared_bytes[i], option_bytes=saved.option_bytes[i], routing=routing[i])
                 for i, t in enumerate(timed)]
 
     warnings = list(dict.fromkeys(warnings))  # an option a kind's layers cannot run, said once
@@ -304,7 +304,8 @@ class _TimedLayer:
         self.layer.zero_grad(set_to_none=True)
         self.x.grad = None
 
-    def profile(self, *, kind: str, act_bytes: int, input_in_act_bytes: int, option_bytes: dict[str, int],
+    def profile(self, *, kind: str, act_bytes: int, input_in_act_bytes: int, input_shared_bytes: int,
+                option_bytes: dict[str, int],
                 routing: Routing | None = None) -> LayerProfile:
         fwd, bwd = self.job.stats()[0]
         params = list(self.layer.parameters())
@@ -324,11 +325,13 @@ class _TimedLayer:
             input_bytes=storage_nbytes(self.x),
             output_bytes=storage_nbytes(self.output),
             input_in_act_bytes=input_in_act_bytes,
+            input_shared_bytes=input_shared_bytes,
             param_count=sum(p.numel() for p in params),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0),
             param_tensors=sum(p.requires_grad for p in params),
             lookup_param_count=lookup_param_count(self.layer),
+            buffer_bytes=buffer_bytes(self.layer),
             expert_param_count=routing.expert_param_count if routing else 0,
             a2a_bytes=routing.a2a_bytes if routing else 0,
             routed_tokens=routing.routed_tokens if routing else [],

@@ -39,6 +39,10 @@ class SavedBytes:
     option_input_bytes: list[dict[str, int]] = field(default_factory=list)
     # per layer, the bytes of the last storage it saves: the first its backward reads
     last_saved_bytes: list[int] = field(default_factory=list)
+    # per layer, its input's storage where it saves it and the layer before it already saved (and paid
+    # for) it: left out of act_bytes here, the layer's own where its input is not that layer's; 0 where one
+    # of its options does not keep its input (full does: a checkpoint recomputes from it)
+    input_shared_bytes: list[int] = field(default_factory=list)
 
 
 def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn, *,
@@ -46,7 +50,8 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
     """options[i]: the recompute options of layer i to count besides none (none: no others)."""
     charged: set[int] = set()  # storages some earlier layer already pays for
     batch = {storage_key(inputs), storage_key(targets)}
-    act, input_in_act, option_bytes, option_input, last = [], [], [], [], []
+    act, input_in_act, option_bytes, option_input, last, shared = [], [], [], [], [], []
+    earlier: set[int] = set()  # what was charged before the layer before this one ran
     outputs = []  # holding every output keeps every graph, so no saved storage is freed
     with torch.enable_grad(), StorageTracker() as tracker:
 
@@ -58,10 +63,13 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
             before = set(charged)
             with blame(f"layer {name!r} (grad-enabled forward)"):
                 saved, output = _saved_by(partial(_plain, layer), current)
+            key = storage_key(current)
+            shared.append(saved[key] if key in saved and key in before - earlier and per_microbatch(key) else 0)
+            earlier = before
             mine = _charge(saved, charged, per_microbatch)
             act.append(sum(mine.values()))
             last.append(next(reversed(mine.values()), 0))
-            input_in_act.append(mine.get(storage_key(current), 0))
+            input_in_act.append(mine.get(key, 0))
             option_bytes.append({})
             option_input.append({})
             for option in options[index] if index < len(options) else ():
@@ -74,6 +82,8 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
                 kept = _charge(saved, paid, per_microbatch)  # a copy: the options are alternatives
                 option_bytes[-1][option] = sum(kept.values())
                 option_input[-1][option] = kept.get(storage_key(current), 0)
+            if not all(option_input[-1].values()):  # an option that drops its input leaves it the layer before's
+                shared[-1] = 0
             outputs.append(output)
             current = output
         # The final output is the last layer's output_bytes, not the loss's.
@@ -81,7 +91,7 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
         with blame("loss_fn(output, target)"):
             saved, _ = _saved_by(lambda out, observe: loss_fn(out, targets), current)
         loss = sum(_charge(saved, charged, per_microbatch).values())
-    return SavedBytes(act_bytes=act, input_in_act_bytes=input_in_act, loss_bytes=loss,
+    return SavedBytes(act_bytes=act, input_in_act_bytes=input_in_act, input_shared_bytes=shared, loss_bytes=loss,
                       option_bytes=option_bytes, option_input_bytes=option_input, last_saved_bytes=last)
 
 

@@ -270,6 +270,14 @@ class LayerProfile(Strict):
     input_bytes: Bytes  # what a checkpointed layer keeps
     output_bytes: Bytes
     input_in_act_bytes: Bytes = 0  # part of act_bytes that is this layer's own input tensor
+    # its input's storage where it saves it but the layer before it saved it first (the profile charges a storage
+    # once, to the first layer saving it, so act_bytes leaves it out): the layer's own where that layer is not on its
+    # stage (planner/cost/layers.py). Measured and fake profiles; 0 in analytic ones and in profiles made before
+    input_shared_bytes: Bytes = 0
+    # its registered buffers (module.buffers(): a fixed table, a mask), held on its stage's device all along; measured
+    # and fake profiles (an analytic profile's runtime tables are the cost model's: planner/cost/rotarytable.py). 0 in
+    # profiles made before
+    buffer_bytes: Bytes = 0
     param_count: Count
     param_bytes: Bytes
     # of param_count, the routed experts' parameters (a mixture-of-experts block's; 0 elsewhere and
