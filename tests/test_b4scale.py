@@ -156,4 +156,7 @@ def test_search_compare_says_the_recipe_it_did_not_score():
                                            "optimizer_state_dtype": job.modelled.optimizer_state_dtype,
                                            "runtime_version": job.modelled.runtime_version,
                                            "compile": job.modelled.compile, "compile_loss": job.modelled.compile_loss})
-    assert said == ["FP8 current scaling (TE's amax all-reduces over TP) on (scored off, as the search)"]
+    # the recipe's settings the search was not given, each said (§42.searchscale: bf16 reduction, TE's loss)
+    assert said == ["FP8 current scaling (TE's amax all-reduces over TP) on (scored off, as the search)",
+                    "gradients reduced in bf16 (--grad-reduce-in-bf16) on (scored off, as the search)",
+                    "Transformer Engine's fused cross-entropy on (scored off, as the search)"]
