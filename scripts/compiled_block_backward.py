@@ -135,28 +135,23 @@ def async_tp():
             torch.library.impl(symm_mem.lib, name, "CPU")(getattr(symm_mem, fallback))
 
 
-def parallelize(block, tp: int, float8: bool, overlap: bool = False):
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+def block_plan(float8: bool) -> dict:
+    """9dec370's TP plan of one TransformerBlock (torchtitan parallelize_llama), Float8's styles under --float8."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
-        parallelize_module,
     )
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", rank=0, world_size=tp, store=FakeStore())
-    mesh = init_device_mesh("cpu", (tp,))
     if float8:
         from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel as ColwiseParallel  # noqa: F811
         from torchao.float8.float8_tensor_parallel import Float8RowwiseParallel as RowwiseParallel  # noqa: F811
         from torchao.float8.float8_tensor_parallel import (
             PrepareFloat8ModuleInput as PrepareModuleInput,  # noqa: F811
         )
-    plan = {"attention_norm": SequenceParallel(),
+    return {"attention_norm": SequenceParallel(),
             "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
@@ -164,6 +159,17 @@ def parallelize(block, tp: int, float8: bool, overlap: bool = False):
             "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
             "feed_forward.w3": ColwiseParallel()}
+
+
+def parallelize(block, tp: int, float8: bool, overlap: bool = False):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=tp, store=FakeStore())
+    mesh = init_device_mesh("cpu", (tp,))
+    plan = block_plan(float8)
     block.attention.n_heads //= tp
     block.attention.n_kv_heads //= tp
     parallelize_module(block, mesh, plan)

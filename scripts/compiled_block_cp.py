@@ -40,32 +40,12 @@ def parallelize(block, cp: int, tp: int, float8: bool, overlap: bool):
     the fake group at CP rank cp - 1); returns the CP dimension's mesh."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import parallelize_module
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", rank=(cp - 1) * tp, world_size=cp * tp, store=FakeStore())
     mesh = init_device_mesh("cpu", (cp, tp), mesh_dim_names=("cp", "tp"))
-    if float8:
-        from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel as ColwiseParallel  # noqa: F811
-        from torchao.float8.float8_tensor_parallel import Float8RowwiseParallel as RowwiseParallel  # noqa: F811
-        from torchao.float8.float8_tensor_parallel import (
-            PrepareFloat8ModuleInput as PrepareModuleInput,  # noqa: F811
-        )
-    plan = {"attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            "feed_forward.w3": ColwiseParallel()}
+    plan = blocks.block_plan(float8)
     if tp > 1:
         block.attention.n_heads //= tp
         block.attention.n_kv_heads //= tp
