@@ -1,6 +1,6 @@
 """The MILP beside a pipeline under FSDP2's moments (dpmoments.applies): rows that relax each stage's own
 moments (gathered.stage_unit_moments) to what no place in a stage can lower, and cuts that hold the plan to
-evaluate's (replaycuts.milp_fastest_fitting, the replay's lazy cuts).
+evaluate's (replaycuts.moments_fastest_fitting: the replay's lazy cuts).
 
 Why cuts and not rows. A layer's moments there depend on its place in its stage (whether it opens or closes
 it, the shards of the layers before it in the first backward, what each layer after it adds, the stage's last
@@ -20,6 +20,7 @@ import pulp
 
 from planner.cost import costmodel, dataparallel, fsdpunits, gathered
 from planner.solve import dpmoments
+from planner.solve.milp_parts import _layer, _presence
 
 MIB = float(2**20)
 
@@ -39,8 +40,6 @@ def floor_applies(problem, s: int) -> bool:
 def _least(problem, g: int, option: int) -> tuple[float, float, float, float]:
     """(backward, forward, first backward less its shard, other extras) of run g's layer under `option`, each
     the least any place of a stage gives it (the module's text), the layer's other extras in each."""
-    from planner.solve.milp_rows import _layer
-
     cache = problem.__dict__.setdefault("_fsdp_least", {})
     if (g, option) in cache:
         return cache[g, option]
@@ -67,8 +66,6 @@ def rows(problem, s: int, n, transient, later: dict, kept_mib) -> None:
     """[Constraint] stage s's transient T_s at least each layer's relaxed moments (the module's text), net of
     what the layers after it keep, for the run's last layer in the stage under each option (as milp_rows'
     transient rows place them); `kept_mib`: the stage's kept bytes a microbatch (MiB, linear)."""
-    from planner.solve.milp_rows import _presence
-
     setup, lp = problem.setup, problem.lp
     grads = dataparallel.param_bytes(setup).grads / dataparallel.shard_size(setup)
     shards = pulp.lpSum(_params(problem, g)[0] * grads / MIB * n(s, g) for g in range(len(problem.runs)))
@@ -114,41 +111,6 @@ def _params(problem, g: int) -> tuple[float, float]:
 
 def _after(problem, s: int, g: int, place: int, n):
     """What run g's layers after its last under option problem.order[g][place] keep in stage s (MiB)."""
-    from planner.solve.milp_rows import _layer
-
     order, layer = problem.order[g], problem.runs[g].layer
     return (pulp.lpSum(problem.r[s, g, p] * _layer(problem, ("kept",), layer, p) for p in order[place + 1:])
             + (n(s, g) - pulp.lpSum(problem.r[s, g, p] for p in order)) * _layer(problem, ("kept",), layer)) / MIB
-
-
-def fastest_fitting(profile, setup, *, deadline, mip_gap: float, threads, log: bool, upper_bound_ms, start):
-    """The MILP's plan held to evaluate's moments by cuts (the module's text; search._plan_milp where
-    dpmoments.applies): "optimal" where the cuts close, else the fastest plan found that fits ("feasible"),
-    or the start, or NoFit("timeout")."""
-    import dataclasses
-
-    from planner.solve import replaycuts
-    from planner.solve.milp import SolveResult
-    from planner.solve.results import NoFit, PlanResult
-
-    def evaluate(stages):
-        return costmodel.evaluate(stages, profile, setup)
-
-    known = None
-    if start is not None:
-        cost = evaluate(start)
-        known = (start, cost) if cost.feasible else None
-    found = replaycuts.milp_fastest_fitting(profile, setup, list(setup.pipeline.mem_caps_bytes), evaluate=evaluate,
-                                            over_bytes=lambda problem: 0, known=known, upper_bound_ms=upper_bound_ms,
-                                            deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
-                                            max_rounds=replaycuts.MAX_ROUNDS)
-    if isinstance(found, PlanResult):  # no replay here: the cuts are the moments'
-        return dataclasses.replace(found, solve=dataclasses.replace(found.solve, replay=None))
-    if isinstance(found, NoFit):
-        return found
-    fits = found.fits or known
-    if fits is None:
-        return NoFit("timeout", deadline.elapsed_s(), "milp")
-    stages, cost = fits
-    solve = SolveResult("feasible", cost.iteration_ms, None, deadline.elapsed_s(), solver="milp", bound=found.bound_ms)
-    return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=solve)

@@ -15,6 +15,7 @@ from planner.schema import Profile, TrainSetup
 from planner.solve import milp_moments
 from planner.solve.deadline import Deadline
 from planner.solve.highs import SolveResult, _HiGHS, extract_plan, solve, start_values  # noqa: F401
+from planner.solve.milp_parts import _layer, _presence  # noqa: F401  (milp_ranks, milp take them from here)
 
 # Bytes enter the solver in MiB: coefficients stay well conditioned (1e-2 .. 1e5 for
 # models up to ~100 GiB per device) and HiGHS's row tolerance (highs.MIP_FEASIBILITY_TOLERANCE,
@@ -68,10 +69,6 @@ def _held() -> tuple[str, ...]:
 
 def _busy() -> tuple[str, ...]:
     return costmodel.quantities("busy")  # ms per microbatch on the critical path
-
-
-def _layer(problem: Problem, quantities, layer: LayerCost, option: int = 0) -> float:
-    return sum(costmodel.layer_value(q, layer, option, problem.ctx) for q in quantities)
 
 
 def _extra(problem: Problem, layer: LayerCost, option: int = 0) -> float:
@@ -303,15 +300,6 @@ def _run_bytes(problem: Problem, quantity: str, s: int, g: int, n):
     for o in problem.order[g]:
         total -= (plain - _layer(problem, (quantity,), layer, o)) * problem.r[s, g, o]
     return total
-
-
-def _presence(problem: Problem, name: str, count, size: int):
-    """A binary that is 1 when `count` (0..size) is positive; the count itself when size is 1."""
-    if size == 1:
-        return count
-    flag = pulp.LpVariable(name, cat="Binary")
-    problem.lp += size * flag >= count, f"{name}_link"
-    return flag
 
 
 def _cap_mib(problem: Problem, s: int):

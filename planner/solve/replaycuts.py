@@ -211,3 +211,33 @@ def _proved(stages, cost: PlanCost, bound_ms: float | None, status: str, solves:
     solve = SolveResult(status, cost.iteration_ms, gap, deadline.elapsed_s(), solver=solver, bound=bound_ms,
                         replay="cut" if cuts else "relaxed", solves=solves)
     return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=solve)
+
+
+def moments_fastest_fitting(profile, setup, *, deadline, mip_gap: float, threads, log: bool, upper_bound_ms, start):
+    """The MILP's plan held to evaluate's FSDP2 moments by cuts (milp_moments' text; search._plan_milp where
+    dpmoments.applies): "optimal" where the cuts close, else the fastest plan found that fits ("feasible"),
+    or the start, or NoFit("timeout")."""
+    import dataclasses
+
+
+    def evaluate(stages):
+        return costmodel.evaluate(stages, profile, setup)
+
+    known = None
+    if start is not None:
+        cost = evaluate(start)
+        known = (start, cost) if cost.feasible else None
+    found = milp_fastest_fitting(profile, setup, list(setup.pipeline.mem_caps_bytes), evaluate=evaluate,
+                                            over_bytes=lambda problem: 0, known=known, upper_bound_ms=upper_bound_ms,
+                                            deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
+                                            max_rounds=MAX_ROUNDS)
+    if isinstance(found, PlanResult):  # no replay here: the cuts are the moments'
+        return dataclasses.replace(found, solve=dataclasses.replace(found.solve, replay=None))
+    if isinstance(found, NoFit):
+        return found
+    fits = found.fits or known
+    if fits is None:
+        return NoFit("timeout", deadline.elapsed_s(), "milp")
+    stages, cost = fits
+    solve = SolveResult("feasible", cost.iteration_ms, None, deadline.elapsed_s(), solver="milp", bound=found.bound_ms)
+    return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=solve)

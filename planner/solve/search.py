@@ -33,7 +33,6 @@ from planner.solve import (
     dpwindow,
     incumbent,
     milp,
-    milp_moments,
     replaycuts,
     replayfit,
     staticneed,
@@ -258,7 +257,7 @@ def _plan_milp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_g
     """Build, solve on HiGHS, extract and cross-check; past the deadline (or where HiGHS fails),
     the start plan."""
     if dpmoments.applies(profile, setup):  # FSDP2's own moments beside a pipeline: relaxed rows and cuts
-        return milp_moments.fastest_fitting(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads,
+        return replaycuts.moments_fastest_fitting(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads,
                                             log=log, upper_bound_ms=upper_bound_ms, start=start)
     try:
         upper_bound_ms, start = _better_start(profile, setup, upper_bound_ms, start, deadline)
