@@ -86,6 +86,12 @@ HELD_UNDER = {("first", 1): 6_016, ("last", 5, 3): 140}
 # copy-out in the first backward with a third 50,816 B tensor (blocks.0's size) beside its all-gather output and
 # blocks.1's reduce-scatter input: 620,584 B, in the lead's run, this branch's test run and a loaded rerun.
 LATE_HELD = {(3, 3): 26_560}
+# The head alone on the last stage, under load, with part or all of its gathered weights (8,448 B) still held at
+# the peak (gloo's completion order, §438; the splits the docstring leaves out move by the same 8,448 B): at
+# dpseg's merge, ZeRO 3 measured 71,192, 73,232 and 79,640 against 71,180 (12 B, then +2,040 and +8,448 more) in
+# loaded runs, ZeRO 2 8,196 over (its usual 252 B under + 8,448) in §42.dpseg's. Above the usual figure by no more
+# than that one tensor: never under, never more.
+LATE_HELD_LAST = {(5, 3): 12 + 8_448, (5, 2): -252 + 8_448}
 
 
 @pytest.mark.slow
@@ -107,6 +113,8 @@ def test_every_kind_of_split_peaks_at_the_prediction(tied_plans, cut, zero):
         assert 0 <= first[0] - first[1] <= HELD_UNDER["first", cut], first
     else:  # two forwards before its first backward: ZeRO 0's own 4,096 B over (§402), within 3%
         assert abs(first[0] - first[1]) <= 0.03 * first[0] or first[0] - first[1] == LATE_HELD.get((cut, zero)), first
+    if (cut, zero) in LATE_HELD_LAST and 0 <= last[0] - last[1] <= LATE_HELD_LAST[cut, zero]:
+        return
     if zero == 2:  # §384's unexplained 4,100 B under (the head alone: 252 B over)
         assert abs(last[0] - last[1]) <= 0.02 * last[1], last
     else:
