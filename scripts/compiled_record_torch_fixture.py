@@ -5,11 +5,10 @@ tests/test_compiled_record_torch.py compiles one width live and reads the other 
 
     PYTHONPATH=$PWD python scripts/compiled_record_torch_fixture.py [--out tests/fixtures/compiled_record_torch.json]
 
-The kernels are built one at a time in this process and without the CPU's vector ISA (`compile_threads = 1`,
-`cpp.vec_isa_ok = False`): no pool of compile workers to start, no ISA probe builds, and scalar C++ that g++ builds
-in less time (a cold run of the test's two compiles took 35.2 CPU s by default, 21.7 so; docs/published-runs.md
-§42.leftovers5). The wrappers' allocations do not depend on the kernels' ISA: the two widths' records were the same
-sizes, in the same order, both ways.
+The kernels are built one at a time in this process (`compile_threads = 1`): no pool of compile workers to start.
+The vector ISA is left as torch finds it: §42.leftovers5 had also turned it off (`cpp.vec_isa_ok = False`, scalar
+C++ that g++ builds faster), but the precompiled header that left behind lacks at::vec, and a later compile in the
+same process (CI's worker running tests/test_compiled.py next) failed to build against it (§42.lead).
 """
 
 from __future__ import annotations
@@ -56,7 +55,9 @@ def compile_and_run(hidden, heads, kv_heads, head_dim, ffn, tokens) -> tuple[lis
     grad = torch.randn(1, tokens, hidden, dtype=torch.bfloat16)
     compiled = torch.compile(block, fullgraph=True)
     torch._dynamo.reset()
-    with config.patch({"compile_threads": 1, "cpp.vec_isa_ok": False}):
+    # one compile thread (no worker pool to start); the vector ISA left as torch finds it: compiling scalar kernels
+    # here left a precompiled header without at::vec that a later compile in the same process took (CI, test_compiled)
+    with config.patch({"compile_threads": 1}):
         _, codes = run_and_get_code(lambda: compiled(x).backward(grad))
     for param in block.parameters():
         param.grad = None
