@@ -69,7 +69,8 @@ class GPU:
     source: str
     # GB/s one way per GPU: the GPU-to-GPU link inside a node (NVLink / Infinity Fabric: the
     # datasheet's bidirectional total / 2), the network between nodes (one NIC per GPU), and
-    # the host link (PCIe: the datasheet's bidirectional figure / 2)
+    # the host link (PCIe: the datasheet's bidirectional figure / 2, or a pinned copy's measured rate on the GPU's
+    # server where one is published: the A100s')
     node_link_gb_per_s: float = 0.0
     network_gb_per_s: float = 50.0  # 400 Gb/s InfiniBand NDR / ConnectX-7 per GPU (DGX H100, DGX B200)
     host_link_gb_per_s: float = 64.0  # PCIe Gen5 x16
@@ -212,6 +213,15 @@ HOST_ADAM_NS_PER_PARAM = 0.40
 # 4a4565a0 topology/ndv4-topo.xml: four bridges at 16 GT/s x16, two class-0x0302 GPUs and two 0x0207 NICs under
 # each; docs/framework-facts.md §175)
 _A100_HOST = {"gpus_per_host_switch": 2}
+# What one A100 of those servers moves to or from pinned host memory, alone (the other GPUs idle): CUDA's
+# bandwidthTest (its default, pinned memory) under SuperBench v0.4's mem-bw, run on one GPU at a time bound to its own
+# NUMA node, on Azure NDm A100 v4 (the DeepSpeed rows' nodes): h2d 25.90, d2h 25.95 GB/s; on ND A100 v4 (40 GB) h2d
+# 25.92, d2h 26.03 (microsoft/superbench-results 1c985995 v0.4.0/Azure-NDmv4-A100/baseline.json and
+# Azure-NDv4-A100/baseline.json, config.yaml beside each; docs/framework-facts.md §575). The x16 Gen4 link's 32 GB/s
+# a direction is its signalling rate: a copy's payload reaches 81% of it. The smaller of the four, one rate both ways.
+A100_PINNED_COPY_GB_PER_S = 25.9
+_A100_LINKS = ("A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU; host copies at "
+               "25.9 GB/s, bandwidthTest's pinned rate on Azure NDm A100 v4 (SuperBench v0.4 mem-bw)")
 HOST_ADAM_SOURCE = ("DeepSpeedCPUAdam on a GPU server's host, one process: 136M fp32 parameters in 54.8 ms "
                     "(numa-cpu-adam-bench)")
 
@@ -370,15 +380,13 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, no FP8; 40 GB 1,555 GB/s,
     # 80 GB SXM 2,039 GB/s; NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 8x HDR 200 Gb/s
     GPU("a100-40g", 40 * 10**9, 312.0, 1.555, "NVIDIA A100 datasheet, 40 GB SXM (BF16 312 dense, no FP8; 1.555 TB/s)",
-        300.0, 25.0, 32.0,
-        link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
+        300.0, 25.0, A100_PINNED_COPY_GB_PER_S, link_source=_A100_LINKS,
         cuda_total_bytes=42_298_834_944,
         total_source="deviceQuery on A100-SXM4-40GB: 42298834944 bytes (bottlerocket-os/bottlerocket PR #3873)",
         **_mamf("a100", 312.0), attention_efficiency=FA2_AMPERE, attention_source=_FA2_AMPERE,
         cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE, **_A100_HOST),
     GPU("a100-80g", 80 * 10**9, 312.0, 2.039, "NVIDIA A100 datasheet, 80 GB SXM (BF16 312 dense, no FP8; 2.039 TB/s)",
-        300.0, 25.0, 32.0,
-        link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
+        300.0, 25.0, A100_PINNED_COPY_GB_PER_S, link_source=_A100_LINKS,
         cuda_total_bytes=85_100_068_864,
         total_source="deviceQuery on A100-SXM4-80GB: 85100068864 bytes; nvidia-smi 81920 MiB less 763 MiB "
                      "reserved (github.com/thamada/nvidia-smi, gls/A100SXMx4_*)",
