@@ -78,6 +78,10 @@ class GPU:
     # GPUs behind one PCIe switch whose uplink to the host they share (their copies to the host at once split it);
     # 1 where not read
     gpus_per_host_switch: int = 1
+    # what one GPU moves to (h2d) and from (d2h) pageable host memory, the driver staging it through its own pinned
+    # buffers (bandwidthTest --memory=pageable on the GPU's server); 0: not read (a pageable copy at the host link's)
+    pageable_h2d_gb_per_s: float = 0.0
+    pageable_d2h_gb_per_s: float = 0.0
     gpus_per_node: int = 8  # GPUs one host runs (its processes, host memory, NICs): a DGX's 8, a GB200 tray's 4
     # GPUs that reach each other over NVLink, where more than one host's (a GB200 NVL72 rack's 72); 0: the host's
     nvlink_domain: int = 0
@@ -212,7 +216,11 @@ HOST_ADAM_NS_PER_PARAM = 0.40
 # PCIe Gen4 x16 switches, each with two GPUs and two NICs behind one x16 uplink to the host (Azure/azhpc-images
 # 4a4565a0 topology/ndv4-topo.xml: four bridges at 16 GT/s x16, two class-0x0302 GPUs and two 0x0207 NICs under
 # each; docs/framework-facts.md §175)
-_A100_HOST = {"gpus_per_host_switch": 2}
+# Pageable copies on a DGX A100 (A100-SXM4-80GB; its host two AMD EPYC 7742, Rome as NDm A100 v4's 7V12, the same four
+# x16 Gen4 switches of two GPUs): bandwidthTest (cuda-samples v11.4, 32 MB, quick mode) --memory=pageable h2d 10.0,
+# d2h 10.8 GB/s; --memory=pinned 25.7 / 25.8 on the same GPU, within 1% of NDm A100 v4's 25.9 below
+# (gengwg/gpu 54e9b29d nvda_gpu_benchmark.md; docs/framework-facts.md §578)
+_A100_HOST = {"gpus_per_host_switch": 2, "pageable_h2d_gb_per_s": 10.0, "pageable_d2h_gb_per_s": 10.8}
 # What one A100 of those servers moves to or from pinned host memory, alone (the other GPUs idle): CUDA's
 # bandwidthTest (its default, pinned memory) under SuperBench v0.4's mem-bw, run on one GPU at a time bound to its own
 # NUMA node, on Azure NDm A100 v4 (the DeepSpeed rows' nodes): h2d 25.90, d2h 25.95 GB/s; on ND A100 v4 (40 GB) h2d
