@@ -165,8 +165,12 @@ PINS = {
     # stepped and reduced once (§37.solverleft, §307): -84.511 ms; ZeRO 3's hooks' work as they run it (§39.gradacc):
     # -4,286.153 ms on 161,198.162; the tied table's buffered head gradient (§39.zero0tied): 50,304 x 25,600 x 2 B =
     # 2,575,564,800 more; under offload the step's fp64 norm of each gradient partition, once a step (§41.leftovers4,
-    # §413: 18 B a partition element, 125,998,700,800 at the A100's eager elementwise rate): +2,143.157 ms
-    "run-1t.sh": ("deepspeed", 3, 8, 1, 159055.166, 281034215168, 305557143552),
+    # §413: 18 B a partition element, 125,998,700,800 at the A100's eager elementwise rate): +2,143.157 ms. The host
+    # link at NDm A100 v4's measured pinned 25.9 GB/s, 12.95 a GPU of a switch's two, not the datasheet's 32 (16)
+    # (§43.dsgap, framework-facts §575): every host copy above, 945,043,046,400 B (the blocks' waits 128 x 3 x 2 B x
+    # 11h^2 / 8, the serial step's 128 x 2 B x 983,081,600 and the embedding's 2 B x 164,249,600, the embedding's three
+    # copies after the last backward) x (1 / 12.95 - 1 / 16) GB/s: +13,911.107 ms on 159,055.166
+    "run-1t.sh": ("deepspeed", 3, 8, 1, 172966.273, 281034215168, 305557143552),
     "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.183, 20449853440, 24060624896),
 }
 

@@ -129,7 +129,8 @@ def checkpointing_note(setup) -> str | None:
     said = []
     if dp.checkpoint_in_cpu:
         said.append("--checkpoint-in-cpu: each whole-layer checkpoint on the host, copied out and back blocking the "
-                    f"compute stream at {dp.host_gb_per_s or 0:g} GB/s (planner/cost/deepspeed_ckpt.py)")
+                    f"compute stream at {dp.host_gb_per_s or 0:g} GB/s, or where slower at the GPU's server's rate to "
+                    "and from pageable memory (planner/cost/deepspeed_ckpt.py)")
     if dp.partition_activations:
         said.append("--partition-activations at tensor parallelism 1: nothing split (its device copies of each "
                     "checkpoint not charged)")

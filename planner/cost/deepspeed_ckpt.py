@@ -29,8 +29,10 @@ hands it the hidden states and a bool mask, which `is_activation_to_checkpoint` 
 
 from __future__ import annotations
 
+from planner.cost import dataparallel
 from planner.cost.layers import LayerCost
-from planner.schema import TrainSetup
+from planner.errors import UserError
+from planner.schema import Profile, TrainSetup
 
 
 def in_cpu(layer: LayerCost, option: int, setup: TrainSetup) -> bool:
@@ -48,14 +50,28 @@ def host_checkpoint_bytes(layer: LayerCost, option: int, setup: TrainSetup) -> i
     return layer.options[option].kept_bytes if in_cpu(layer, option, setup) else 0
 
 
-def copies_ms(layer: LayerCost, option: int, setup: TrainSetup) -> float:
+def pageable_rates(profile: Profile | None) -> tuple[float, float]:
+    """(h2d, d2h) GB/s one GPU of the profile's server moves to and from pageable host memory (archs.GPU's
+    pageable_*_gb_per_s: bandwidthTest --memory=pageable; framework-facts §578), 0 where not read or no GPU is known."""
+    try:
+        gpu = dataparallel.profile_gpu(profile) if profile is not None else None
+    except UserError:
+        return 0.0, 0.0
+    return (gpu.pageable_h2d_gb_per_s, gpu.pageable_d2h_gb_per_s) if gpu else (0.0, 0.0)
+
+
+def copies_ms(layer: LayerCost, option: int, setup: TrainSetup, profile: Profile | None = None) -> float:
     """The checkpoint's copy to the host in the forward and back before the rerun, per microbatch, each blocking on
-    the compute stream (`tensor.to(device)`): both on the critical path, at the host link's rate (the GPU record's
-    host_link_gb_per_s, or --host-bandwidth); 0 where the checkpoint stays, or no host link is set (a cpu profile)."""
+    the compute stream (`tensor.to(device)`): both on the critical path. Each at the host link's rate (the GPU record's
+    host_link_gb_per_s shared as links.default_links shares it, or --host-bandwidth), but no faster than the
+    profile's GPU moves pageable memory in that direction (the copies are to and from pageable tensors, §133;
+    pageable_rates, §578); 0 where the checkpoint stays, or no host link is set (a cpu profile)."""
     gb_per_s = setup.data_parallel.host_gb_per_s
-    if not gb_per_s:
+    moved = host_checkpoint_bytes(layer, option, setup)
+    if not gb_per_s or not moved:
         return 0.0
-    return 2 * host_checkpoint_bytes(layer, option, setup) / (gb_per_s * 1e9) * 1e3
+    h2d, d2h = (min(gb_per_s, cap) if cap else gb_per_s for cap in pageable_rates(profile))
+    return (moved / (d2h * 1e9) + moved / (h2d * 1e9)) * 1e3
 
 
 # the rows planner/cost/terms.py adds to its TERMS (name, quantity, where, value, source)
@@ -70,7 +86,7 @@ ROWS = (
      lambda layer, ckpt, ctx: host_checkpoint_bytes(layer, int(ckpt), ctx.setup),
      "checkpointing.py 662-666 (DeepSpeed v0.6.2): move_to_device(saved, cuda_device) before the rerun (§133)"),
     ("DeepSpeed's checkpoint copies to the host and back, blocking the compute stream", "time", "layer",
-     lambda layer, ckpt, ctx: copies_ms(layer, int(ckpt), ctx.setup),
+     lambda layer, ckpt, ctx: copies_ms(layer, int(ckpt), ctx.setup, ctx.profile),
      "tensor.to(cpu) / .to(cuda) on the current stream (checkpointing.py v0.6.2; runtime/utils.py 122-169), at the "
-     "GPU record's host link rate (§133)"),
+     "GPU record's host link rate, no faster than its server's pageable copies each way (§133, §578)"),
 )

@@ -69,7 +69,8 @@ class GPU:
     source: str
     # GB/s one way per GPU: the GPU-to-GPU link inside a node (NVLink / Infinity Fabric: the
     # datasheet's bidirectional total / 2), the network between nodes (one NIC per GPU), and
-    # the host link (PCIe: the datasheet's bidirectional figure / 2)
+    # the host link (PCIe: the datasheet's bidirectional figure / 2, or a pinned copy's measured rate on the GPU's
+    # server where one is published: the A100s')
     node_link_gb_per_s: float = 0.0
     network_gb_per_s: float = 50.0  # 400 Gb/s InfiniBand NDR / ConnectX-7 per GPU (DGX H100, DGX B200)
     host_link_gb_per_s: float = 64.0  # PCIe Gen5 x16
@@ -77,6 +78,10 @@ class GPU:
     # GPUs behind one PCIe switch whose uplink to the host they share (their copies to the host at once split it);
     # 1 where not read
     gpus_per_host_switch: int = 1
+    # what one GPU moves to (h2d) and from (d2h) pageable host memory, the driver staging it through its own pinned
+    # buffers (bandwidthTest --memory=pageable on the GPU's server); 0: not read (a pageable copy at the host link's)
+    pageable_h2d_gb_per_s: float = 0.0
+    pageable_d2h_gb_per_s: float = 0.0
     gpus_per_node: int = 8  # GPUs one host runs (its processes, host memory, NICs): a DGX's 8, a GB200 tray's 4
     # GPUs that reach each other over NVLink, where more than one host's (a GB200 NVL72 rack's 72); 0: the host's
     nvlink_domain: int = 0
@@ -211,7 +216,20 @@ HOST_ADAM_NS_PER_PARAM = 0.40
 # PCIe Gen4 x16 switches, each with two GPUs and two NICs behind one x16 uplink to the host (Azure/azhpc-images
 # 4a4565a0 topology/ndv4-topo.xml: four bridges at 16 GT/s x16, two class-0x0302 GPUs and two 0x0207 NICs under
 # each; docs/framework-facts.md §175)
-_A100_HOST = {"gpus_per_host_switch": 2}
+# Pageable copies on a DGX A100 (A100-SXM4-80GB; its host two AMD EPYC 7742, Rome as NDm A100 v4's 7V12, the same four
+# x16 Gen4 switches of two GPUs): bandwidthTest (cuda-samples v11.4, 32 MB, quick mode) --memory=pageable h2d 10.0,
+# d2h 10.8 GB/s; --memory=pinned 25.7 / 25.8 on the same GPU, within 1% of NDm A100 v4's 25.9 below
+# (gengwg/gpu 54e9b29d nvda_gpu_benchmark.md; docs/framework-facts.md §578)
+_A100_HOST = {"gpus_per_host_switch": 2, "pageable_h2d_gb_per_s": 10.0, "pageable_d2h_gb_per_s": 10.8}
+# What one A100 of those servers moves to or from pinned host memory, alone (the other GPUs idle): CUDA's
+# bandwidthTest (its default, pinned memory) under SuperBench v0.4's mem-bw, run on one GPU at a time bound to its own
+# NUMA node, on Azure NDm A100 v4 (the DeepSpeed rows' nodes): h2d 25.90, d2h 25.95 GB/s; on ND A100 v4 (40 GB) h2d
+# 25.92, d2h 26.03 (microsoft/superbench-results 1c985995 v0.4.0/Azure-NDmv4-A100/baseline.json and
+# Azure-NDv4-A100/baseline.json, config.yaml beside each; docs/framework-facts.md §575). The x16 Gen4 link's 32 GB/s
+# a direction is its signalling rate: a copy's payload reaches 81% of it. The smaller of the four, one rate both ways.
+A100_PINNED_COPY_GB_PER_S = 25.9
+_A100_LINKS = ("A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU; host copies at "
+               "25.9 GB/s, bandwidthTest's pinned rate on Azure NDm A100 v4 (SuperBench v0.4 mem-bw)")
 HOST_ADAM_SOURCE = ("DeepSpeedCPUAdam on a GPU server's host, one process: 136M fp32 parameters in 54.8 ms "
                     "(numa-cpu-adam-bench)")
 
@@ -370,15 +388,13 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, no FP8; 40 GB 1,555 GB/s,
     # 80 GB SXM 2,039 GB/s; NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 8x HDR 200 Gb/s
     GPU("a100-40g", 40 * 10**9, 312.0, 1.555, "NVIDIA A100 datasheet, 40 GB SXM (BF16 312 dense, no FP8; 1.555 TB/s)",
-        300.0, 25.0, 32.0,
-        link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
+        300.0, 25.0, A100_PINNED_COPY_GB_PER_S, link_source=_A100_LINKS,
         cuda_total_bytes=42_298_834_944,
         total_source="deviceQuery on A100-SXM4-40GB: 42298834944 bytes (bottlerocket-os/bottlerocket PR #3873)",
         **_mamf("a100", 312.0), attention_efficiency=FA2_AMPERE, attention_source=_FA2_AMPERE,
         cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE, **_A100_HOST),
     GPU("a100-80g", 80 * 10**9, 312.0, 2.039, "NVIDIA A100 datasheet, 80 GB SXM (BF16 312 dense, no FP8; 2.039 TB/s)",
-        300.0, 25.0, 32.0,
-        link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
+        300.0, 25.0, A100_PINNED_COPY_GB_PER_S, link_source=_A100_LINKS,
         cuda_total_bytes=85_100_068_864,
         total_source="deviceQuery on A100-SXM4-80GB: 85100068864 bytes; nvidia-smi 81920 MiB less 763 MiB "
                      "reserved (github.com/thamada/nvidia-smi, gls/A100SXMx4_*)",
