@@ -102,7 +102,7 @@ class _Reader:
             raise UserError(f"{self.where}: no function {function} at the file's top level (its functions: {names})")
         if depth > _MAX_DEPTH:
             raise UserError(f"{self.where}: config functions call each other more than {_MAX_DEPTH} deep")
-        env: dict = {}
+        env: dict = {"__returns__": ast.unparse(node.returns)} if node.returns is not None else {}
         data: dict | None = None
         for statement in node.body:
             data = self._statement(statement, env, data, depth)
@@ -127,7 +127,7 @@ class _Reader:
             target = node.targets[0] if isinstance(node, ast.Assign) else node.target
             value = self._value(node.value, env)
             if isinstance(target, ast.Name):
-                if isinstance(value, Call) and value.name in self.functions:
+                if isinstance(value, Call) and self._base_config(value.name, env):
                     env[target.id] = "config"
                     return self.config(value.name, depth + 1)
                 env[target.id] = value
@@ -138,6 +138,17 @@ class _Reader:
                 return data
         self.unfollowed[f"line {node.lineno}"] = ast.unparse(node)[:200]
         return data
+
+    def _base_config(self, name: str, env: dict) -> bool:
+        """Whether a call to `name` is the base config the function refines: a function of this file returning
+        what the caller returns (both `-> Trainer.Config`, or either unsaid). A helper of another type is a value
+        (flux's `_flux_dataset(...) -> SingleDatasetConfig` in `flux_dev() -> FluxTrainer.Config`, b5bcd76c)."""
+        helper = self.functions.get(name)
+        if helper is None:
+            return False
+        caller = env.get("__returns__")
+        returns = ast.unparse(helper.returns) if helper.returns is not None else None
+        return caller is None or returns is None or returns == caller
 
     def _set(self, data: dict, chain: list[str], value) -> None:
         """config.FIELD = VALUE replaces the field's section (its other keys back to their defaults);

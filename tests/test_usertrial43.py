@@ -1,0 +1,70 @@
+"""Defects found trying ckplan as a user on models and configs no test used (§43.usertrial6): each one's
+command before and after, on a tiny case."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fixtures.cli import run
+
+from planner.models.configs import torchtitan
+
+# torchtitan b5bcd76c torchtitan/models/flux/config_registry.py in the parts that matter: a dataset helper of
+# another type assigned before the FluxTrainer.Config the function returns
+_FLUX = """from dataclasses import replace
+from . import model_registry
+
+
+def _flux_dataset(dataset_name: str, *, img_size: int) -> SingleDatasetConfig:
+    dataset = SingleDatasetConfig(name=dataset_name)
+    return replace(dataset, processor=replace(dataset.processor, img_size=img_size))
+
+
+def flux_dev() -> FluxTrainer.Config:
+    training_dataset = _flux_dataset("cc12m-wds", img_size=256)
+    return FluxTrainer.Config(loss=MSELoss.Config(), model_spec=model_registry("flux-dev"),
+                              training=TrainingConfig(num_tokens_per_microbatch_per_dp_rank=24576),
+                              dataloader=GrainDataLoader.Config(dataset=training_dataset))
+"""
+
+
+def test_a_helper_of_another_type_is_a_value_not_the_config_it_refines(tmp_path):
+    """flux_dev assigns _flux_dataset(...) (-> SingleDatasetConfig) before returning its FluxTrainer.Config:
+    the reader took the helper for the base config and refused its `replace` ("give the file and function
+    replace is defined in", dataclasses' own); now the model is read, and FLUX refused for what it is."""
+    (tmp_path / "flux").mkdir()
+    path = tmp_path / "flux" / "config_registry.py"
+    path.write_text(_FLUX)
+    result = run("evaluate", "--from-torchtitan", f"{path}:flux_dev", "--gpus", "8")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "Traceback" not in result.output and said.count("Error:") == 1
+    assert "replace" not in said
+    assert "model flux flavor flux-dev" in said and "not a causal language model" in said
+
+
+def test_a_llama3_config_with_a_dataset_helper_reads_its_model_and_lists_the_helpers_value(tmp_path):
+    (tmp_path / "llama3").mkdir()
+    path = tmp_path / "llama3" / "config_registry.py"
+    path.write_text(_FLUX.replace("FluxTrainer.Config", "Trainer.Config").replace('"flux-dev"', '"8B"')
+                    .replace("MSELoss", "CrossEntropyLoss")
+                    .replace("num_tokens_per_microbatch_per_dp_rank=24576",
+                             "num_tokens_per_microbatch_per_dp_rank=16384, max_context_length=8192"))
+    job = torchtitan.read(Path(f"{path}:flux_dev"))
+    assert (job.arch.name, job.seq_len, job.micro_batch_size) == ("llama3-8b", 8192, 2)
+    said = {s.name: s.status for s in job.settings}
+    assert said["dataloader"] == "no effect"
+
+
+def test_a_helper_returning_the_same_config_is_still_the_base_it_refines(tmp_path):
+    (tmp_path / "llama3").mkdir()
+    path = tmp_path / "llama3" / "config_registry.py"
+    path.write_text("from . import model_registry\n\n\n"
+                    "def base() -> Trainer.Config:\n"
+                    "    return Trainer.Config(model_spec=model_registry('8B'),\n"
+                    "        training=TrainingConfig(num_tokens_per_microbatch_per_dp_rank=8192, max_context_length=8192))\n\n\n"
+                    "def longer() -> Trainer.Config:\n"
+                    "    config = base()\n"
+                    "    config.training.num_tokens_per_microbatch_per_dp_rank = 32768\n"
+                    "    return config\n")
+    job = torchtitan.read(Path(f"{path}:longer"))
+    assert (job.arch.name, job.seq_len, job.micro_batch_size) == ("llama3-8b", 8192, 4)
