@@ -68,3 +68,26 @@ def test_a_helper_returning_the_same_config_is_still_the_base_it_refines(tmp_pat
                     "    return config\n")
     job = torchtitan.read(Path(f"{path}:longer"))
     assert (job.arch.name, job.seq_len, job.micro_batch_size) == ("llama3-8b", 8192, 4)
+
+
+# Megatron-LM d98e8a64 examples/mimo/scripts/run_hetero_nemotron_20l_mock_train.sh, lines 14 and 25-27 as shipped
+_HETERO = """#!/bin/bash
+set -euo pipefail
+TORCHRUN_LOG_DIR=${TORCHRUN_LOG_DIR:-"${PWD}/logs/torchrun-$(date +%Y%m%d_%H%M%S)-$$"}
+mkdir -p "${TORCHRUN_LOG_DIR}"
+uv run --extra ssm python -m torch.distributed.run --standalone --nproc-per-node 8 \\
+  --log-dir "${TORCHRUN_LOG_DIR}" \\
+  -m examples.mimo.pretrain_mimo \\
+  --num-layers 20 --hidden-size 2688
+"""
+
+
+def test_a_default_holding_a_braced_expansion_and_a_command_is_read_to_its_own_brace():
+    """`${A:-"${PWD}/x-$(date)-$$"}`: bash reads it (bash -n); the reader closed the outer `${` at ${PWD}'s brace and
+    refused the script as "'${' is never closed; give a script bash can read"."""
+    from planner.models.configs.bashscan import brace_end
+
+    text = 'X=${A:-"${PWD}/l-$(date +%H})-$$"}/tail'
+    assert brace_end(text, 2) == len(text) - len("/tail") - 1
+    assert brace_end("${A:-'}'}", 0) == 8 and brace_end("${A", 0) == -1
+    assert brace_end("${A:-{}", 0) == 6  # a bare '{' opens nothing: bash closes at the first '}'
