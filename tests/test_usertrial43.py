@@ -91,3 +91,23 @@ def test_a_default_holding_a_braced_expansion_and_a_command_is_read_to_its_own_b
     assert brace_end(text, 2) == len(text) - len("/tail") - 1
     assert brace_end("${A:-'}'}", 0) == 8 and brace_end("${A", 0) == -1
     assert brace_end("${A:-{}", 0) == 6  # a bare '{' opens nothing: bash closes at the first '}'
+
+
+def test_the_hetero_mimo_script_is_refused_for_what_it_runs(tmp_path):
+    """It runs `-m examples.mimo.pretrain_mimo` (a module, through torch.distributed.run): refused as the multimodal
+    trainer it is, in one sentence, not for a brace bash reads."""
+    path = tmp_path / "run_hetero_nemotron_20l_mock_train.sh"
+    path.write_text(_HETERO)
+    result = run("evaluate", "--from-megatron", path, "--gpus", "8")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "Traceback" not in result.output and said.count("Error:") == 1
+    assert "never closed" not in said and "runs pretrain_mimo.py, which trains a multimodal model" in said
+
+
+def test_a_trainer_run_as_a_module_is_read_as_its_file(tmp_path):
+    from planner.models.configs.bashargs import read_script
+
+    script = read_script("torchrun --nproc_per_node 8 -m megatron_lm.pretrain_gpt --num-layers 2 --hidden-size 64\n",
+                         "s.sh")
+    assert script.trainer == "megatron_lm/pretrain_gpt.py" and script.args == ["--num-layers", "2", "--hidden-size", "64"]
+    assert script.launcher_args == ["torchrun", "--nproc_per_node", "8", "-m"]

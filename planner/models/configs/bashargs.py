@@ -19,6 +19,7 @@ from planner.models.configs.bashscan import (
     depth_after,
     is_trainer,
     matching,
+    module_file,
     without_comments,
 )
 
@@ -221,6 +222,8 @@ class _Shell:
                 if _NAME.fullmatch(word) and word in self.vars:
                     self._export(word)
             return i + 1
+        words = [(module_file(w) if k and words[k - 1][0] in ("-m", "--module") else w, q)
+                 for k, (w, q) in enumerate(words)]
         trainer = next((k for k, (w, _) in enumerate(words) if is_trainer(w)), None)
         script = next((w for w, _ in words if w.endswith(".py")), None)
         if trainer is None and script is not None and self.other_script is None:
