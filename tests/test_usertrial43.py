@@ -111,3 +111,24 @@ def test_a_trainer_run_as_a_module_is_read_as_its_file(tmp_path):
                          "s.sh")
     assert script.trainer == "megatron_lm/pretrain_gpt.py" and script.args == ["--num-layers", "2", "--hidden-size", "64"]
     assert script.launcher_args == ["torchrun", "--nproc_per_node", "8", "-m"]
+
+
+def test_a_key_set_in_a_section_held_as_written_is_said_beside_it_not_a_traceback(tmp_path):
+    """torchtitan b5bcd76c's RL configs set `config.async_loop.batcher = ...` after `async_loop=AsyncLoopConfig(...)`,
+    a call the reader holds as its text: `_set` indexed the text ("TypeError: 'str' object does not support item
+    assignment", a traceback); now the key is said beside the section's text."""
+    (tmp_path / "qwen3").mkdir()
+    path = tmp_path / "qwen3" / "config_registry.py"
+    path.write_text("from . import model_registry\n\n\n"
+                    "def base() -> Trainer.Config:\n"
+                    "    return Trainer.Config(model_spec=model_registry('0.6B'), async_loop=AsyncLoopConfig(steps=10),\n"
+                    "        training=TrainingConfig(num_tokens_per_microbatch_per_dp_rank=4096, max_context_length=2048))\n\n\n"
+                    "def tuned() -> Trainer.Config:\n"
+                    "    config = base()\n"
+                    "    config.async_loop.target_offpolicy_steps = 0\n"
+                    "    return config\n")
+    job = torchtitan.read(Path(f"{path}:tuned"))
+    said = {s.name: (s.status, s.value) for s in job.settings}
+    assert said["async_loop"] == ("unknown", "AsyncLoopConfig(...); .target_offpolicy_steps = 0")
+    result = run("evaluate", "--from-torchtitan", f"{path}:tuned", "--gpus", "8")
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output

@@ -169,6 +169,10 @@ class _Reader:
             key = AC_KEYS.get(key, key)
         if section == "compile" and key == "enable_async_tensor_parallel":
             section = "parallelism"
+        held = data.get(section)
+        if held is not None and not isinstance(held, dict):  # a section held as written (a call not followed): the
+            data[section] = f"{held}; .{key} = {_text(value)}"  # key set in it said beside it (torchtitan's RL
+            return  # `config.async_loop.batcher = ...` after `async_loop=AsyncLoopConfig(...)`, b5bcd76c)
         data.setdefault(section, {})[key] = _plain(value)
 
     def _converted(self, call: Call) -> str:
