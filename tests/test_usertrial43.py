@@ -132,3 +132,24 @@ def test_a_key_set_in_a_section_held_as_written_is_said_beside_it_not_a_tracebac
     assert said["async_loop"] == ("unknown", "AsyncLoopConfig(...); .target_offpolicy_steps = 0")
     result = run("evaluate", "--from-torchtitan", f"{path}:tuned", "--gpus", "8")
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+
+
+def test_torchtitans_rl_controller_is_refused_for_what_it_is(tmp_path):
+    """torchtitan b5bcd76c experiments/rl/examples/alphabet_sort/config_registry.py returns Controller.Config (a
+    PolicyTrainer on TP 2 beside vLLM generators): it was scored as an 8-GPU pretraining job of the model (DP 8, the
+    trainer's TP, batch and GRPO loss unread, listed "unknown"), or refused for a model "alphabet_sort"."""
+    (tmp_path / "alphabet_sort").mkdir()
+    path = tmp_path / "alphabet_sort" / "config_registry.py"
+    path.write_text("from torchtitan.models.qwen3 import model_registry\n\n\n"
+                    "def rl_grpo() -> Controller.Config:\n"
+                    "    return Controller.Config(model_spec=model_registry('0.6B'),\n"
+                    "        trainer=PolicyTrainer.Config(parallelism=ParallelismConfig(tensor_parallel_degree=2)))\n\n\n"
+                    "def rl_grpo_tuned() -> Controller.Config:\n"
+                    "    config = rl_grpo()\n"
+                    "    config.async_loop.target_offpolicy_steps = 0\n"
+                    "    return config\n")
+    for function in ("rl_grpo", "rl_grpo_tuned"):
+        result = run("evaluate", "--from-torchtitan", f"{path}:{function}", "--gpus", "8")
+        said = " ".join(result.output.split())
+        assert result.exit_code != 0 and "Traceback" not in result.output and said.count("Error:") == 1
+        assert "returns Controller.Config(...), torchtitan's RL loop" in said and "PolicyTrainer.Config" in said

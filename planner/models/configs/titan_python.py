@@ -192,6 +192,11 @@ class _Reader:
                             f"does not open (it reads one file, never importing it): {self._converted(call)}")
         if not call.name.endswith("Config"):
             raise UserError(f"{self.where} returns {call.name}(...), not a Trainer.Config this reader can follow")
+        if call.name.split(".")[-2:-1] == ["Controller"]:  # b5bcd76c torchtitan/experiments/rl/controller.py 261-330
+            raise UserError(f"{self.where} returns {call.name}(...), torchtitan's RL loop (a PolicyTrainer beside vLLM "
+                            "generators on their own GPUs), not a training job ckplan scores: its trainer's settings sit "
+                            "in trainer=PolicyTrainer.Config(...), which this reader does not take as a job; give a "
+                            "config function returning a Trainer.Config")
         data: dict = {}
         if call.args:
             data["python"] = {"Trainer.Config arguments": ", ".join(_text(a) for a in call.args)}
