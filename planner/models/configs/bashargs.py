@@ -14,6 +14,14 @@ import re
 from dataclasses import dataclass, field
 
 from planner.errors import UserError
+from planner.models.configs.bashscan import (
+    brace_end,
+    depth_after,
+    is_trainer,
+    matching,
+    module_file,
+    without_comments,
+)
 
 COMMAND_MARK = "\x00$("  # a value that a command would have made: never run, reported by the reader
 
@@ -175,7 +183,7 @@ class _Shell:
         body, j, depth = [], i, 1
         line = first
         while True:
-            depth, cut = _depth_after(line, depth)
+            depth, cut = depth_after(line, depth)
             if cut is not None:
                 body.append(line[:cut])
                 return j + 1, "\n".join(body)
@@ -194,7 +202,7 @@ class _Shell:
             name, op, value = match.groups()
             if value.lstrip().startswith("("):
                 end, body = self._array_end(lines, i)
-                items = [w for w, _ in self._words(_without_comments(body), number)]
+                items = [w for w, _ in self._words(without_comments(body), number)]
                 old = self.vars.get(name, []) if op == "+=" else []
                 self.vars[name] = (old if isinstance(old, list) else [old]) + items
                 return end
@@ -214,7 +222,9 @@ class _Shell:
                 if _NAME.fullmatch(word) and word in self.vars:
                     self._export(word)
             return i + 1
-        trainer = next((k for k, (w, _) in enumerate(words) if _is_trainer(w)), None)
+        words = [(module_file(w) if k and words[k - 1][0] in ("-m", "--module") else w, q)
+                 for k, (w, q) in enumerate(words)]
+        trainer = next((k for k, (w, _) in enumerate(words) if is_trainer(w)), None)
         script = next((w for w, _ in words if w.endswith(".py")), None)
         if trainer is None and script is not None and self.other_script is None:
             self.other_script = (number, script)
@@ -347,14 +357,14 @@ class _Shell:
         """(the expansion of the `$...` at i, the index after it, kind)."""
         rest = text[i + 1:]
         if rest.startswith("(("):
-            end = _matching(text, i + 1)
+            end = matching(text, i + 1)
             return self._arithmetic(text[i + 3:end - 1], number), end + 1, "arith"
         if rest.startswith("("):
-            end = _matching(text, i + 1)
+            end = matching(text, i + 1)
             command = text[i + 2:end].strip()
             return f"{COMMAND_MARK}{command})", end + 1, "command"
         if rest.startswith("{"):
-            end = text.find("}", i)
+            end = brace_end(text, i)
             if end < 0:
                 raise UserError(f"{self.where}, line {number}: '${{' is never closed; give a script bash can read")
             return self._braced(text[i + 2:end], number), end + 1, "var"
@@ -406,68 +416,6 @@ def _evaluate(node) -> int:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_evaluate(node.operand)
     raise ValueError("not integer arithmetic")
-
-
-def _matching(text: str, i: int) -> int:
-    """The index of the ')' closing the '(' at i (nesting and quotes respected)."""
-    depth, quote = 0, None
-    for j in range(i, len(text)):
-        c = text[j]
-        if quote:
-            quote = None if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return j
-    raise UserError("a '$(' is never closed; give a script bash can read")
-
-
-def _depth_after(line: str, depth: int) -> tuple[int, int | None]:
-    """(the parenthesis depth after `line`, the index of the ')' that closes depth 1, if any),
-    quotes and comments respected."""
-    for j, c in _unquoted(line):
-        if c is None:  # the comment
-            break
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return 0, j
-    return depth, None
-
-
-def _unquoted(line: str):
-    """(index, character) of `line` outside quotes; at a `# comment` (a '#' starting a word),
-    (its index, None) and no more."""
-    quote = None
-    for j, c in enumerate(line):
-        if quote:
-            quote = None if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c == "#" and (j == 0 or line[j - 1] in " \t"):
-            yield j, None
-            return
-        else:
-            yield j, c
-
-
-def _without_comments(text: str) -> str:
-    """`text` with each line's `# comment` (a '#' starting a word, outside quotes) removed."""
-    out = []
-    for line in text.split("\n"):
-        out.append(line[:next((j for j, c in _unquoted(line) if c is None), len(line))])
-    return "\n".join(out)
-
-
-def _is_trainer(word: str) -> bool:
-    name = word.rsplit("/", 1)[-1]
-    return name.startswith("pretrain_") and name.endswith(".py")
 
 
 def _split_flags(words: list[str]) -> list[str]:

@@ -102,7 +102,7 @@ class _Reader:
             raise UserError(f"{self.where}: no function {function} at the file's top level (its functions: {names})")
         if depth > _MAX_DEPTH:
             raise UserError(f"{self.where}: config functions call each other more than {_MAX_DEPTH} deep")
-        env: dict = {}
+        env: dict = {"__returns__": ast.unparse(node.returns)} if node.returns is not None else {}
         data: dict | None = None
         for statement in node.body:
             data = self._statement(statement, env, data, depth)
@@ -127,7 +127,7 @@ class _Reader:
             target = node.targets[0] if isinstance(node, ast.Assign) else node.target
             value = self._value(node.value, env)
             if isinstance(target, ast.Name):
-                if isinstance(value, Call) and value.name in self.functions:
+                if isinstance(value, Call) and self._base_config(value.name, env):
                     env[target.id] = "config"
                     return self.config(value.name, depth + 1)
                 env[target.id] = value
@@ -138,6 +138,17 @@ class _Reader:
                 return data
         self.unfollowed[f"line {node.lineno}"] = ast.unparse(node)[:200]
         return data
+
+    def _base_config(self, name: str, env: dict) -> bool:
+        """Whether a call to `name` is the base config the function refines: a function of this file returning
+        what the caller returns (both `-> Trainer.Config`, or either unsaid). A helper of another type is a value
+        (flux's `_flux_dataset(...) -> SingleDatasetConfig` in `flux_dev() -> FluxTrainer.Config`, b5bcd76c)."""
+        helper = self.functions.get(name)
+        if helper is None:
+            return False
+        caller = env.get("__returns__")
+        returns = ast.unparse(helper.returns) if helper.returns is not None else None
+        return caller is None or returns is None or returns == caller
 
     def _set(self, data: dict, chain: list[str], value) -> None:
         """config.FIELD = VALUE replaces the field's section (its other keys back to their defaults);
@@ -158,6 +169,10 @@ class _Reader:
             key = AC_KEYS.get(key, key)
         if section == "compile" and key == "enable_async_tensor_parallel":
             section = "parallelism"
+        held = data.get(section)
+        if held is not None and not isinstance(held, dict):  # a section held as written (a call not followed): the
+            data[section] = f"{held}; .{key} = {_text(value)}"  # key set in it said beside it (torchtitan's RL
+            return  # `config.async_loop.batcher = ...` after `async_loop=AsyncLoopConfig(...)`, b5bcd76c)
         data.setdefault(section, {})[key] = _plain(value)
 
     def _converted(self, call: Call) -> str:
@@ -177,6 +192,11 @@ class _Reader:
                             f"does not open (it reads one file, never importing it): {self._converted(call)}")
         if not call.name.endswith("Config"):
             raise UserError(f"{self.where} returns {call.name}(...), not a Trainer.Config this reader can follow")
+        if call.name.split(".")[-2:-1] == ["Controller"]:  # b5bcd76c torchtitan/experiments/rl/controller.py 261-330
+            raise UserError(f"{self.where} returns {call.name}(...), torchtitan's RL loop (a PolicyTrainer beside vLLM "
+                            "generators on their own GPUs), not a training job ckplan scores: its trainer's settings sit "
+                            "in trainer=PolicyTrainer.Config(...), which this reader does not take as a job; give a "
+                            "config function returning a Trainer.Config")
         data: dict = {}
         if call.args:
             data["python"] = {"Trainer.Config arguments": ", ".join(_text(a) for a in call.args)}

@@ -42,7 +42,10 @@ ARCH_CONFIG_FAMILIES = {"llama3": "llama", "qwen3": "qwen3 and qwen3_moe", "deep
                         "gpt_oss": "gpt_oss"}
 # why ckplan reads no config of these families (docs/framework-facts.md §26, transformers 5.24.0)
 UNMODELLED_FAMILIES = {"llama4": " (Llama 4's experts each run on their own stacked input, which routing.py's "
-                                 "contract does not take)"}
+                                 "contract does not take)",
+                       # b5bcd76c torchtitan/models/flux/config_registry.py: FluxTrainer.Config, loss MSELoss.Config
+                       "flux": " (FLUX is a diffusion transformer trained on image latents with an MSE loss, not a "
+                               "causal language model)"}
 # torchtitan before the [parallelism] section (torchtitan/config_manager.py at b19456a987be,
 # 2024-10-22): the same settings under [training], [experimental] and [float8], read as today's keys
 ALIASES = {
