@@ -16,7 +16,7 @@ import json
 import os
 from fractions import Fraction
 
-from planner.profiler.compiled_record import Wrapper, block_record, degrees
+from planner.profiler.compiled_record import Wrapper, block_record_calls, degrees, flash_calls_law
 
 # parameter_parts' order (wq, wk, wv, wo, w1, w2, w3, attention_norm, ffn_norm) of each weight gradient the backward
 # returns after the input's, in the graph's input order (attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2)
@@ -34,7 +34,7 @@ def wrapper(folder: str, kind: str) -> Wrapper:
 
 
 def reading(folder: str):
-    return block_record(wrapper(folder, "forward"), wrapper(folder, "backward"), LLAMA_PARAM_ORDER)
+    return block_record_calls(wrapper(folder, "forward"), wrapper(folder, "backward"), LLAMA_PARAM_ORDER)
 
 
 def main():
@@ -50,15 +50,17 @@ def main():
     parser.add_argument("--source", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    first, second = reading(args.first), reading(args.second)
+    (first, first_calls), (second, second_calls) = reading(args.first), reading(args.second)
     powers = degrees(first, args.first_scale, second, args.second_scale)
+    flash_calls_law(first_calls, args.first_scale, second_calls, args.second_scale)
     hidden, heads, kv_heads, head_dim, ffn, tokens = (int(v) for v in args.dims.split(","))
     out = {"source": args.source, "tp": args.tp, **({"cp": args.cp} if args.cp > 1 else {}),
            "settings": sorted(s for s in args.settings.split(",") if s),
            "dims": {"hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "ffn": ffn,
                     "tokens": tokens},
            "scales": [str(args.first_scale), str(args.second_scale)],
-           "record": first.model_dump(), "powers": powers}
+           "record": first.model_dump(), "powers": powers,
+           "flash_backward": [[at, list(shape)] for at, shape in first_calls]}
     with open(args.out, "w") as handle:
         json.dump(out, handle, separators=(",", ":"))
         handle.write("\n")

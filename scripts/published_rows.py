@@ -148,9 +148,10 @@ def load_table(path: Path = TABLE) -> Table:
 
 @functools.cache
 def tree_id() -> str:
-    """What a profile is made by: planner/'s sources, hashed (once a process: the harness never edits them)."""
+    """What a profile is made by: planner/'s sources and the data files a profile reads there (the compiled blocks'
+    records, planner/profiler/compiled_blocks/*.json), hashed (once a process: the harness never edits them)."""
     digest = hashlib.sha256()
-    for path in sorted((ROOT / "planner").rglob("*.py")):
+    for path in sorted([*(ROOT / "planner").rglob("*.py"), *(ROOT / "planner").rglob("*.json")]):
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 

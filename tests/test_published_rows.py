@@ -230,3 +230,16 @@ def test_the_7b_a100_rows_read_the_a100_runs_own_vocabulary(table):
 
     assert [vocab(r) for r in ("T15", "T16", "T17")] == [131_200, 131_072, 131_200]
     assert [vocab(r) for r in ("T18", "T19", "T20")] == [131_584, 131_072, 131_584]
+
+
+def test_a_compiled_blocks_record_is_part_of_what_makes_a_profile(tmp_path, monkeypatch):
+    # a profile's compiled records are read from planner/profiler/compiled_blocks/*.json when it is made: a record
+    # remade with no .py changed must make the harness's profiles stale (§43.m17mem)
+    (tmp_path / "planner" / "profiler" / "compiled_blocks").mkdir(parents=True)
+    (tmp_path / "planner" / "a.py").write_text("x = 1\n")
+    record = tmp_path / "planner" / "profiler" / "compiled_blocks" / "r.json"
+    record.write_text('{"record": [1]}\n')
+    monkeypatch.setattr(rows_mod, "ROOT", tmp_path)
+    first = rows_mod.tree_id.__wrapped__()
+    record.write_text('{"record": [2]}\n')
+    assert rows_mod.tree_id.__wrapped__() != first

@@ -20,7 +20,8 @@ import json
 from fractions import Fraction
 from pathlib import Path
 
-from planner.profiler.compiled_record import scaled
+from planner.models.flash_workspace import flash2_backward_workspace
+from planner.profiler.compiled_record import scaled, with_workspaces
 from planner.schema import AllocRecord, LayerProfile
 
 FOLDER = Path(__file__).with_name("compiled_blocks")
@@ -47,15 +48,30 @@ def matching(reading: dict, *, hidden: int, heads: int, kv_heads: int, head_dim:
     return factors.pop() if len(factors) == 1 else None
 
 
-def records_for(**block) -> dict[str, AllocRecord]:
-    """Each matching reading's record at these widths, by its settings' key (compiled_blocks' FOLDER)."""
+def flash_workspaces(reading: dict, factor: Fraction, micro_batch: int) -> list[tuple[int, list[int]]]:
+    """Each flash attention backward call of the reading's backward (its "flash_backward": where, and its query at the
+    reading's widths) with the bytes its kernel makes inside the call at `factor` times those widths: a query's
+    tokens and head dim grow with the factor, its heads do not; the reading runs a microbatch's tokens as one
+    sequence, the job as `micro_batch` sequences (FlashAttention-2 rounds each sequence's length to 128)."""
+    out = []
+    for at, (batch, heads, length, dim) in reading.get("flash_backward", []):
+        tokens, head_dim = batch * length * factor, dim * factor
+        sequences = micro_batch if tokens % micro_batch == 0 else batch
+        out.append((at, list(flash2_backward_workspace(sequences, heads, int(tokens // sequences), int(head_dim)))))
+    return out
+
+
+def records_for(*, micro_batch: int = 1, **block) -> dict[str, AllocRecord]:
+    """Each matching reading's record at these widths, by its settings' key (compiled_blocks' FOLDER), with its flash
+    backward calls' own workspaces where they run (flash_workspaces: no wrapper names them)."""
     found = {}
     for reading in readings():
         factor = matching(reading, **block)
         if factor is None:
             continue
-        record = AllocRecord.model_validate(reading["record"])
-        found[settings_key(reading["settings"], reading.get("cp", 1))] = scaled(record, 1 / factor, reading["powers"])
+        record = scaled(AllocRecord.model_validate(reading["record"]), 1 / factor, reading["powers"])
+        record = with_workspaces(record, flash_workspaces(reading, factor, micro_batch))
+        found[settings_key(reading["settings"], reading.get("cp", 1))] = record
     return found
 
 
@@ -66,7 +82,7 @@ def with_records(layers: list[LayerProfile], arch, shape) -> list[LayerProfile]:
         return layers
     found = records_for(hidden=arch.hidden_size, heads=arch.num_heads, kv_heads=arch.num_kv_heads,
                         head_dim=arch.head_dim or arch.hidden_size // arch.num_heads, ffn=arch.intermediate_size,
-                        tokens=shape.tokens, tp=shape.tp, cp=shape.cp)
+                        tokens=shape.tokens, tp=shape.tp, cp=shape.cp, micro_batch=shape.micro_batch_size)
     if not found:
         return layers
     return [layer.model_copy(update={"compiled_records": found}) if layer.kind == "decoder_block" else layer

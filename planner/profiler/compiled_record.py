@@ -85,6 +85,14 @@ def block_record(forward: Wrapper, backward: Wrapper, param_order: tuple[int, ..
     """The block's record from its forward and backward wrappers. `param_order`: for each gradient the backward returns
     after the input's, the index among the layer's parameters (parameter_parts' order) of its weight; () leaves
     param_grads empty."""
+    return block_record_calls(forward, backward, param_order)[0]
+
+
+def block_record_calls(forward: Wrapper, backward: Wrapper, param_order: tuple[int, ...] = ()
+                       ) -> tuple[AllocRecord, list[tuple[int, tuple[int, int, int, int]]]]:
+    """block_record's record, and each flash attention backward call in its backward: (the index into
+    `record.backward` before which the call returns, its outputs made; its query's [batch, heads, length, head dim]
+    at the reading's widths), where the kernel's own workspace falls (with_workspaces)."""
     fwd = _call(forward)
     returned = [key for key in fwd.returned_storages if key >= 0]
     ids: dict[int, int] = {}
@@ -110,7 +118,11 @@ def block_record(forward: Wrapper, backward: Wrapper, param_order: tuple[int, ..
     bcodes: list[int] = []
     made = len(ids)
     bids: dict[int, int] = {}
-    for event in bwd.events:
+    calls = dict(bwd.flash_backward)
+    places: list[tuple[int, tuple[int, int, int, int]]] = []
+    for at, event in enumerate(bwd.events):
+        if at in calls:
+            places.append((len(bcodes), calls[at]))
         key = abs(event)
         if key in bwd.inputs:
             if event < 0 and key in forward_id:
@@ -124,6 +136,7 @@ def block_record(forward: Wrapper, backward: Wrapper, param_order: tuple[int, ..
             bcodes.append(bwd.storage_bytes[key])
         else:
             bcodes.append(-bids[key])
+    places += [(len(bcodes), shape) for at, shape in bwd.flash_backward if at >= len(bwd.events)]
     dropped = [key for key in bids if key not in alive_end and -bids[key] not in bcodes]
     bcodes += [-bids[key] for key in dropped]
     bcodes += [-ident for ident in forward_id.values() if -ident not in bcodes]  # saved, released as call returns
@@ -132,7 +145,38 @@ def block_record(forward: Wrapper, backward: Wrapper, param_order: tuple[int, ..
     for at, key in enumerate(returned_b[1:1 + len(param_order)]):
         if key >= 0 and key in bids:
             grads[param_order[at]] = bids[key]
-    return AllocRecord(forward=codes, backward=bcodes, output=output, input_grad=input_grad, param_grads=grads)
+    return AllocRecord(forward=codes, backward=bcodes, output=output, input_grad=input_grad, param_grads=grads), places
+
+
+def with_workspaces(record: AllocRecord, workspaces: list[tuple[int, list[int]]]) -> AllocRecord:
+    """The record with a kernel's own transient buffers in its backward: each (index into `backward` before which the
+    buffers exist, their bytes in the order the kernel makes them), made there and freed, last first, before the
+    backward's next code (the call's return). Later ids move up by those made before them."""
+    backward = list(record.backward)
+    made_before = sum(1 for code in record.forward if code > 0)
+    shift = [(made_before + sum(1 for code in backward[:at] if code > 0) + 1, sum(1 for size in sizes if size > 0))
+             for at, sizes in workspaces]  # (the first of the record's ids made after them, how many they move it)
+
+    def moved(ident: int) -> int:
+        return ident + sum(n for first, n in shift if ident >= first)
+
+    out: list[int] = []
+    pending = sorted(workspaces)
+    taken = 0
+    for at in range(len(backward) + 1):
+        while pending and pending[0][0] == at:
+            sizes = [size for size in pending.pop(0)[1] if size > 0]
+            ids = [made_before + sum(1 for code in backward[:at] if code > 0) + taken + k + 1
+                   for k in range(len(sizes))]
+            out += sizes + [-ident for ident in reversed(ids)]
+            taken += len(sizes)
+        if at < len(backward):
+            code = backward[at]
+            out.append(code if code > 0 else -moved(-code))
+    return record.model_copy(update={
+        "backward": out,
+        "input_grad": moved(record.input_grad) if record.input_grad else 0,
+        "param_grads": [moved(ident) if ident else 0 for ident in record.param_grads]})
 
 
 def _argument_names(code: str) -> list[str]:
@@ -179,6 +223,18 @@ def scaled(a: AllocRecord, scale_a: Fraction, powers: list[int], target: Fractio
     forward = [next(it) if code > 0 else code for code in a.forward]
     backward = [next(it) if code > 0 else code for code in a.backward]
     return a.model_copy(update={"forward": forward, "backward": backward})
+
+
+def flash_calls_law(a: list, scale_a: Fraction, b: list, scale_b: Fraction) -> None:
+    """ValueError unless two readings' flash backward calls (block_record_calls') are the same calls at the same
+    places, each query's batch and heads equal and its length and head dim in the ratio of the scales."""
+    ratio = Fraction(scale_b) / Fraction(scale_a)
+    if [at for at, _ in a] != [at for at, _ in b]:
+        raise ValueError("the two readings' flash attention backward calls are not at the same places")
+    for (_, (batch, heads, length, dim)), (_, (batch_b, heads_b, length_b, dim_b)) in zip(a, b, strict=True):
+        if (batch, heads) != (batch_b, heads_b) or length * ratio != length_b or dim * ratio != dim_b:
+            raise ValueError(f"a flash backward's query {(batch, heads, length, dim)} at the first reading is "
+                             f"{(batch_b, heads_b, length_b, dim_b)} at the second: not the same call scaled")
 
 
 def _sizes(record: AllocRecord) -> list[int]:

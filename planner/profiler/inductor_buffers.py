@@ -42,6 +42,10 @@ _ASSERTED = re.compile(r"^assert_size_stride\((\w+), (\(.*?\)), (\(.*?\))(?:, 't
 _VIEW_DTYPE = re.compile(r"^aten\.view\.dtype\(.*?, (torch\.\w+)\)")
 _RNG_SAVED = re.compile(r"^\w+ = torch\.ops\.higher_order\.run_and_save_rng_state\(")
 _CAT = re.compile(r"^\w+ = torch\.ops\.aten\.cat\.default\(\[")
+# the flash attention backward (CUDA's op, or the CPU op standing in for it in a CPU reading) and its first argument's
+# view size, the gradient of its output: the query's [batch, heads, length, head dim]
+_FLASH_BACKWARD = re.compile(r"^\w+ = torch\.ops\.aten\._scaled_dot_product_flash_attention(?:_for_cpu)?_backward"
+                             r"\.default\(reinterpret_tensor\(\w+, \((\d+), (\d+), (\d+), (\d+)\)")
 _VIEW_SIZE = re.compile(r"reinterpret_tensor\(\w+, (\(.*?\)), \(")
 _FIRST_NAME = re.compile(r"^(?:reinterpret_tensor\()?(\w+)\b")
 
@@ -61,6 +65,9 @@ class CallBytes:
     # (a `del`, or a name rebound); the storages of `inputs` are the arguments' (compiled_record reads these)
     events: tuple[int, ...] = ()
     inputs: frozenset[int] = frozenset()
+    # each flash attention backward call: (the number of `events` before which it returns, its outputs made, its
+    # query's [batch, heads, length, head dim]) -- the kernel's own workspace is no buffer of the wrapper's
+    flash_backward: tuple[tuple[int, tuple[int, int, int, int]], ...] = ()
 
 
 def _elements(size: str) -> int:
@@ -124,6 +131,7 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
 
     returned: tuple[str, ...] = ()
     events: list[int] = []
+    flash_backward: list[tuple[int, tuple[int, int, int, int]]] = []
     alive: set[int] = set()
     input_keys: set[int] = set()
     body = call_body(code)
@@ -208,12 +216,14 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
             now = set(names.values())
             events += [key for key in sorted(now - alive)] + [-key for key in sorted(alive - now)]
             alive = now
+            if match := _FLASH_BACKWARD.match(part):
+                flash_backward.append((len(events), tuple(int(v) for v in match.groups())))
             if live() > live_peak:
                 live_peak, at_peak, peak_statement = live(), composition(), part
     storages = tuple(-1 if name == "None" else names[name] for name in returned)
     return CallBytes(peak_bytes=live_peak, returned=returned, returned_storages=storages, storage_bytes=storage_bytes,
                      at_peak=at_peak, peak_statement=peak_statement, events=tuple(events),
-                     inputs=frozenset(input_keys))
+                     inputs=frozenset(input_keys), flash_backward=tuple(flash_backward))
 
 
 def _tuple_items(body: list[str]) -> dict[str, list]:
