@@ -142,7 +142,8 @@ def test_solve_applies_the_calibration_beside_the_profile_and_says_so(tmp_path, 
     profile_path = tmp_path / "p.json"
     io.save_profile(profile, profile_path)
     plain, notes = calibrated_setup(profile, profile_path, setup(2))
-    assert plain == setup(2) and len(notes) == 1 and "not calibrated" in notes[0]
+    # compute as profiled; the step charged at the launch's 1 thread a rank (tests/test_step_threads.py)
+    assert plain == setup(2).model_copy(update={"rank_threads": 1}) and len(notes) == 1 and "not calibrated" in notes[0]
     two_threads = profile.model_copy(update={"device": profile.device.model_copy(update={"threads": 2})})
     _, notes = calibrated_setup(two_threads, profile_path, setup(2))
     assert "the profile was measured with 2 threads; a launch gives each of the 2 ranks 1" in notes[0]

@@ -12,7 +12,14 @@ on gloo's device and never on a GPU's (§382, planner/cost/stepcounts.py). ZeRO 
 traced (§384): the untied twin always, the tied one in a loaded CI run (988,372 measured, 984,272 predicted; 4 B under
 alone), so both keep the launched tests' 2%. Before, the tied GPT's ZeRO 0 was 9,436 B under: the whole
 global batch each replica kept as a view (1,024 B, §383) and the tied table's gradient in autograd's InputBuffer
-(8,192 B, §336, §381)."""
+(8,192 B, §336, §381).
+
+Under load a ZeRO 3 rank can peak above that by gloo's copy of one reduce-scatter input, held late (§565): gloo
+reduce-scatters a clone of the input (the unit's fp32 gradients) and frees it when its worker thread drops the
+work, which a loaded host can delay past the next unit's pre-backward. The tied GPT measured 866,140 against
+864,976 in CI and once in four runs pinned to one core (`taskset -c 0`): blocks.3's 50,816 B clone still held at
+blocks.2's copy-out. Held longer (played at its worst, to the next reduce-scatter), 34,060 B over (tied) and
+25,612 (untied), under the clone; ZeRO 2's 10,500 and 14,340 stay inside its 2%; ZeRO 0 all-reduces in place."""
 
 from __future__ import annotations
 
@@ -32,6 +39,29 @@ def gpt_profile(request, tmp_path_factory):
     return profile
 
 
+def late_clone_bytes(profile, setup) -> int:
+    """gloo's copy of the largest reduce-scatter input a one-stage ZeRO 3 rank makes (§565): the largest FSDP2
+    unit's parameters (a tied parameter once, in its unit) in the reduce dtype."""
+    from planner.cost import dataparallel, fsdpunits, gathered
+
+    params, _, units = gathered._units_args(profile, setup)
+    sizes: dict[int, int] = {}
+    for unit, count in zip(fsdpunits.unit_of_layers(len(params), units["grouping"], units["tied"]), params):
+        sizes[unit] = sizes.get(unit, 0) + count
+    return int(max(sizes.values()) * dataparallel.param_bytes(setup).grads)
+
+
+def test_the_late_clone_is_the_largest_units_fp32_gradients(gpt_profile):
+    """By hand: a block's 12,704 parameters (two LayerNorms 64 + 64, attention 3,168 + 1,056, MLP 4,224 + 4,128)
+    x 4 B; the tied GPT's [embed, head] unit (2,048 + 512 + 64) and the untied twin's embed and head are smaller."""
+    from planner import io
+    from planner.schema import DataParallelSetup, PipelineSetup, TrainSetup
+
+    setup = TrainSetup(pipeline=PipelineSetup(stages=1, microbatches=2, micro_batch_size=2, mem_caps_bytes=[2**30]),
+                       data_parallel=DataParallelSetup(dp=2, zero=3))
+    assert late_clone_bytes(io.load_profile(gpt_profile), setup) == 12_704 * 4 == 50_816
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("zero", [0, 2, 3])
 def test_one_stage_every_zero_peak_at_the_prediction(tmp_path, gpt_profile, zero):
@@ -47,4 +77,6 @@ def test_one_stage_every_zero_peak_at_the_prediction(tmp_path, gpt_profile, zero
         if zero == 2:  # §384; the tied twin too: under CI's load it measured the same 4,100 B more (988,372 / 984,272)
             assert abs(measured - predicted) <= 0.02 * predicted, (zero, measured, predicted)
             continue
-        assert 0 <= measured - predicted <= UNCHARGED_BYTES, (zero, measured, predicted)
+        # ZeRO 3: never under; over by the bytes read and not charged, or by gloo's one clone held late (§565)
+        late = late_clone_bytes(io.load_profile(gpt_profile), io.load_plan(plan_path).setup) if zero == 3 else 0
+        assert 0 <= measured - predicted <= UNCHARGED_BYTES + late, (zero, measured, predicted)

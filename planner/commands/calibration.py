@@ -66,7 +66,7 @@ def _calibrated(profile, profile_path: Path, setup, path: Path, *, ranks: int, t
     if profile.device.type == "cpu" and profile.device.threads:
         scale = calibrate.thread_scale(profile.device, threads)
         sharing = calibrate.sharing_scale(profile.device, ranks=ranks, threads=threads, cores=cores)
-        setup = setup.model_copy(update={"compute_scale": scale * sharing})
+        setup = setup.model_copy(update={"compute_scale": scale * sharing, "rank_threads": threads})
         said = []
         if threads != profile.device.threads and scale != 1.0:
             said.append(f"x{scale:.3g} as the profile timed the whole model at {profile.device.threads} threads and "

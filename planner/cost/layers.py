@@ -61,6 +61,8 @@ class LayerCost:
     param_count: int
     transient_bytes: int
     step_ms: tuple[tuple[str, float], ...] = ()  # (optimizer, ms) pairs
+    # cpu: (threads, (optimizer, ms) pairs) at each count the profile timed, its own threads' step_ms among them
+    step_thread_ms: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = ()
     largest_param_count: int = 0  # its largest parameter tensor; 0: not known
     param_tensors: int = 0  # its trained parameter tensors; 0: not known (stepcounts.py)
     lookup_param_count: int = 0  # of param_count, its embedding lookups' tables (the profile's; 0: none)
@@ -93,6 +95,18 @@ class LayerCost:
     # (layer_costs: shared_out); act_bytes is net of it
     output_shared_bytes: int = 0
     buffer_bytes: int = 0  # its registered buffers (the profile's)
+
+    def step_at(self, optimizer: str, threads: int | None) -> float:
+        """The optimizer's step over the layer at `threads` torch threads (None: as profiled): linear between the
+        two counts timed around it, the nearest end's outside them; the profiled step where none was timed."""
+        timed = {count: dict(steps).get(optimizer, 0.0) for count, steps in self.step_thread_ms}
+        if threads is None or not timed:
+            return dict(self.step_ms).get(optimizer, 0.0)
+        counts = sorted(timed)
+        low = max((c for c in counts if c <= threads), default=counts[0])
+        high = min((c for c in counts if c >= threads), default=counts[-1])
+        share = 0.0 if high == low else (threads - low) / (high - low)
+        return timed[low] + share * (timed[high] - timed[low])
 
     @cached_property
     def options(self) -> tuple[OptionCost, ...]:
@@ -159,6 +173,19 @@ def layer_costs(profile: Profile) -> list[LayerCost]:
     return found
 
 
+def _kind_thread_steps(same, threads: int | None) -> tuple:
+    """A kind's step at each thread count every one of its layers timed (the mean), the profile's own threads'
+    step_ms among them; () where none was timed at fewer threads (cuda, 1 thread, older profiles)."""
+    if not threads or not all(item.step_thread_ms for item in same):
+        return ()
+    counts = set.intersection(*(set(item.step_thread_ms) for item in same)) - {threads}
+    at = {count: [item.step_thread_ms[count] for item in same] for count in counts}
+    at[threads] = [item.step_ms for item in same]
+    return tuple((count, tuple(sorted((name, fmean(steps.get(name, 0.0) for steps in rows))
+                                      for name in {name for steps in rows for name in steps})))
+                 for count, rows in sorted(at.items()))
+
+
 def _layer_costs(profile: Profile) -> list[LayerCost]:
     by_kind: dict[tuple[str, str | None], list] = {}
     for layer in profile.layers:  # a kind's variants apart: a global layer is not its sliding ones' mean
@@ -189,6 +216,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
                 (name, fmean(item.step_ms.get(name, 0.0) for item in same))
                 for name in {name for item in same for name in item.step_ms}
             )),
+            step_thread_ms=_kind_thread_steps(same, profile.device.threads),
             extra_options=_kind_options(same),
             collectives=tuple((c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute, _fused(c), _ring(c))
                               for c in same[0].collectives),

@@ -196,7 +196,7 @@ def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
     optimizer. Plus the sums that keep its tied parameters tied, which run before the step (tied_sum_ms). On one
     stage a parameter an earlier layer shares is that one's to step and reduce, gathered by each holder (§307)."""
     shared = layer.shared_before if setup.pipeline.stages == 1 and layer.param_count else 0
-    step = dict(layer.step_ms).get(setup.training.optimizer, 0.0) * (1 - shared / max(1, layer.param_count))
+    step = layer.step_at(setup.training.optimizer, setup.time.rank_threads) * (1 - shared / max(1, layer.param_count))
     return dataparallel.step_term_ms(layer.param_count, step, setup, fwd_ms=compute_ms(layer.fwd_ms, setup.time),
                                      bwd_ms=compute_ms(layer.bwd_ms, setup.time),
                                      expert_count=layer.expert_param_count,

@@ -197,7 +197,8 @@ def threaded(setup: TrainSetup, device: DeviceInfo, threads: int, *, ranks: int,
     """The uncalibrated setup for a launch of `ranks` ranks with `threads` torch threads each
     on `cores`: compute scaled by placement_scale, nothing else charged."""
     return uncalibrated(setup).model_copy(update={
-        "compute_scale": placement_scale(device, ranks=ranks, threads=threads, cores=cores)})
+        "compute_scale": placement_scale(device, ranks=ranks, threads=threads, cores=cores),
+        "rank_threads": threads if device.type == "cpu" else None})
 
 
 def uncalibrated(setup: TrainSetup) -> TrainSetup:
@@ -227,6 +228,7 @@ def apply(setup: TrainSetup, calibration: Calibration, *, ranks: int, threads: i
         "send_latency_ms": calibration.send_latency_ms, "send_gb_per_s": calibration.send_gb_per_s,
         "action_overhead_ms": calibration.action_overhead_ms,
         "compute_scale": fit.compute_scale if fit else scale, "cpu_sharing": fit.cpu_sharing if fit else 1.0,
+        "rank_threads": threads if device is not None and device.type == "cpu" else None,
         "calibration": f"{source} ({calibration.created_at}; {placed})",
     })
 

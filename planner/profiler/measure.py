@@ -41,6 +41,7 @@ from planner.profiler.kinds import buffer_bytes, layer_kinds, lookup_param_count
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.splitbackward import SplitTimeJob, split_per_option, split_time_job
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
+from planner.profiler.threads import at_fewer_threads
 from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_interleaved
 from planner.profiler.userfault import blame
 from planner.runtime.routing import Routing, find_experts, layer_routing
@@ -234,6 +235,7 @@ class _TimedLayer:
     job: FwdBwdJob
     has_backward: bool
     step_ms: dict[str, float] = field(default_factory=dict)
+    step_thread_ms: dict[int, dict[str, float]] = field(default_factory=dict)  # cpu: at fewer threads (threads.py)
     recompute_measured: bool = True  # False: lost in noise, a whole forward is charged
     option_transients: dict[str, int] = field(default_factory=dict)  # the selective options that run
     option_failures: dict[str, str] = field(default_factory=dict)  # those that raised, and why
@@ -299,6 +301,8 @@ class _TimedLayer:
     def measure_step(self, *, warmup: int, repeats: int) -> None:
         with blame(f"layer {self.name!r}"):
             self.step_ms = _step_ms(self.layer, warmup=warmup, repeats=repeats)
+            if self.x.device.type == "cpu":
+                self.step_thread_ms = at_fewer_threads(partial(_step_ms, self.layer, warmup=warmup, repeats=repeats))
 
     def release(self) -> None:
         self.layer.zero_grad(set_to_none=True)
@@ -339,6 +343,7 @@ class _TimedLayer:
             expert_act_bytes=routing.expert_act_bytes if routing else 0,
             transient_bytes=self.transient_bytes,
             step_ms=self.step_ms,
+            step_thread_ms=self.step_thread_ms,
             recompute_options=options.recompute_options(
                 act_bytes=act_bytes, input_bytes=storage_nbytes(self.x),
                 full_ms=fwd_ms if recompute_ms is None else recompute_ms, transient_bytes=self.transient_bytes,

@@ -39,6 +39,22 @@ def thread_counts(threads: int) -> list[int]:
     return [*counts, threads]
 
 
+def at_fewer_threads(timed: Callable[[], dict[str, float]]) -> dict[int, dict[str, float]]:
+    """`timed()` at each count thread_counts gives below torch's present threads (1, 2, 4, ...), torch's threads
+    restored after: a layer's optimizer step as a launch's ranks run it with fewer threads than the profile
+    (placement.placement_threads), which the cost model reads at the launch's count (LayerCost.step_at). On a
+    loaded 2-core host Adam on a 512 x 64 table took 19.7-63.7 ms at 2 threads and 0.1 ms at 1 (§42.runtrial)."""
+    before = torch.get_num_threads()
+    timings = {}
+    try:
+        for count in thread_counts(before)[:-1]:
+            torch.set_num_threads(count)
+            timings[count] = timed()
+    finally:
+        torch.set_num_threads(before)
+    return timings
+
+
 def whole_step(layers, inputs: torch.Tensor, targets: torch.Tensor, loss_fn) -> Callable[[], None]:
     """One forward + backward of the whole chain on the batch, as one process trains it;
     parameter gradients accumulate (the timed work is the same either way)."""

@@ -23,9 +23,12 @@ class NonFinite(UserError):
 
 
 def _finite(value) -> bool:
-    """Every floating tensor in `value` (a tensor, or a tuple or list of them) is finite."""
+    """Every floating tensor in `value` (a tensor, or a tuple or list of them) is finite: its float64 sum is, which
+    a NaN or an infinity anywhere makes NaN or infinite and finite values cannot overflow (under 2**53 elements of at
+    most float32's 3.4e38). One scalar: `isfinite(value).all()` made |value| and three boolean masks beside the
+    stage's output after every forward (3,584 B on a 2,048 B output, measured), a transient no plan charges."""
     if isinstance(value, torch.Tensor):
-        return not value.is_floating_point() or bool(torch.isfinite(value).all())
+        return not value.is_floating_point() or bool(torch.isfinite(value.sum(dtype=torch.float64)))
     if isinstance(value, tuple | list):
         return all(_finite(item) for item in value)
     return True

@@ -304,6 +304,9 @@ class LayerProfile(Strict):
     # profiles, each optimizer's fastest of its rounds, measure.fastest_turns_ms); empty in profiles made
     # before it was measured: the step then costs 0
     step_ms: dict[Optimizer, Ms] = {}
+    # cpu: the same step at each torch thread count below the profile's (1, 2, 4, ...), as a launch's ranks run
+    # it with fewer threads (profiler/threads.py at_fewer_threads); empty on cuda, at 1 thread and in older profiles
+    step_thread_ms: dict[Annotated[int, Field(gt=0, le=1 << 16)], dict[Optimizer, Ms]] = {}
     # every option the layer supports, "none" and "full" first (as act_bytes, input_bytes and
     # recompute_ms say), then selective ones; empty: none and full only (profiles made before)
     recompute_options: list[RecomputeOption] = []

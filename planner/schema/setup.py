@@ -278,6 +278,9 @@ class TimeConstants(Strict):
     action_overhead_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
     compute_scale: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE, allow_inf_nan=False)
     cpu_sharing: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE, allow_inf_nan=False)
+    # cpu: the torch threads a launch gives each rank, at which the optimizer step is charged (a profile's steps
+    # at that count, LayerCost.step_at); None: as profiled
+    rank_threads: int | None = Field(default=None, gt=0, le=1 << 16)
     calibration: str | None = None  # where those constants came from (file, when, placement)
 
 
