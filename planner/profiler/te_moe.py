@@ -86,11 +86,11 @@ def routed_bytes(arch, shape, *, scores: str = "logits") -> tuple[int, int]:
     S, f, p = T * k, arch.moe_intermediate_size // shape.tp, arch.router_dtype_bytes or LOGITS
     local = formulas.expert_gemm_shape(arch, shape)[0]
     sort = 2 * (4 * S * h + 2 * p * S) if shape.ep > 1 and local > 1 else 0  # sort + unsort, one way each
-    router = router_elements(arch, scores=scores)
+    router, weight = router_elements(arch, scores=scores), weight_bytes(arch)
     fwd = (router[0] * T * E + ROW_MAP_MAKE * T * E + (2 * T * h + 2 * S * h) + p * T * E + p * S + ROW_MAP * T * E
-           + sort + WEIGHTED_GLU_FWD * S * f + p * S + (2 * S * h + 2 * T * h) + ROW_MAP * T * E)
+           + sort + WEIGHTED_GLU_FWD * S * f + weight[0] * S + (2 * S * h + 2 * T * h) + ROW_MAP * T * E)
     bwd = (router[1] * T * E + (2 * S * h + 2 * T * h) + ROW_MAP * T * E + p * S + p * T * E
-           + sort + WEIGHTED_GLU_BWD * S * f + 2 * p * S + (2 * T * h + 2 * S * h) + ROW_MAP * T * E)
+           + sort + WEIGHTED_GLU_BWD * S * f + weight[1] * S + (2 * T * h + 2 * S * h) + ROW_MAP * T * E)
     return fwd, bwd
 
 
