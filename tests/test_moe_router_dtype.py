@@ -129,3 +129,20 @@ def test_the_cli_scores_a_file_with_fp32_router(tmp_path):
     assert result.exit_code == 0, result.output
     modelled = next(line for line in result.output.splitlines() if line.startswith("modelled ("))
     assert "--moe-router-dtype" in modelled and "Traceback" not in result.output
+
+
+def test_search_compares_a_file_with_fp32_router_as_the_same_model(tmp_path):
+    """`search --from-megatron` scores a file against the searched built-in: the router's dtype is how the job runs
+    it, not the model (as its aux loss), so Mixtral's shipped script with --moe-router-dtype fp32 is still Mixtral,
+    scored in the searched model's dtype and said."""
+    from pathlib import Path
+
+    from planner.commands.search_compare import from_framework_job
+
+    shipped = Path(__file__).parents[1] / "configs" / "megatron-lm" / "mixtral_8x7b_distributed.sh"
+    script = tmp_path / "mixtral.sh"
+    script.write_text(shipped.read_text().replace("--moe-router-topk 2", "--moe-router-topk 2 --moe-router-dtype fp32"))
+    job = megatron.read(script)
+    assert job.arch.router_dtype_bytes == 4
+    record = from_framework_job(job, arch=archs.arch("mixtral-8x7b"), gpu="h100", seq_len=4096)
+    assert record.arch == "mixtral-8x7b" and "--moe-router-dtype fp32" in record.not_expressible
