@@ -12,17 +12,29 @@ expert's GEMM alone and a pass's GEMMs on four streams, in BF16 (an FP8 row's GE
 the FP8 path's quantize kernels are not in it), with torch's cuBLAS, as TE issues them, each operand
 row-major (TE's wgrad and dgrad take transposed layouts: what cuBLAS picks for those may differ).
 
-usage: PYTHONPATH=<checkout> python scripts/expert_gemm_check.py FLAGS.yaml GPU [--device]
+--xla TABLE.h (an H100-family GPU) adds each GEMM read off OpenXLA's whole measured sm_90 grid at its own m, n, k
+(scripts/xla_gemm_table.py; the file from ROCm/xla ea2c45f2 `xla/service/gpu/model/matmul_interpolator_data.h`),
+scaled to the GPU's plateau as roofline.py scales its curve: the BF16 GEMM of the same shape. The grid's FP8 points
+are counted against the FP8 peak, not read (framework-facts §586).
+
+usage: PYTHONPATH=<checkout> python scripts/expert_gemm_check.py FLAGS.yaml GPU [--device] [--xla TABLE.h]
 """
 
 import sys
 from pathlib import Path
 
 from planner.profiler import formulas
-from planner.profiler.roofline import Kernel, kernel_ms, matmul_efficiency, peak_tflops
+from planner.profiler.roofline import (
+    _TABLE_PLATEAU,
+    Kernel,
+    kernel_ms,
+    matmul_efficiency,
+    peak_tflops,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_job  # noqa: E402
+import xla_gemm_table  # noqa: E402
 
 STREAMS = 4  # TE's compute streams (multi_stream.cpp get_num_compute_streams)
 
@@ -90,11 +102,34 @@ def timed_ms(
     return start.elapsed_time(end) / iters
 
 
+def xla_grid(argv: list[str]) -> tuple[list[str], str | None]:
+    """(argv without `--xla PATH`, PATH or None)."""
+    if "--xla" not in argv:
+        return argv, None
+    at = argv.index("--xla")
+    if at + 1 >= len(argv):
+        return argv[:at], ""
+    return argv[:at] + argv[at + 2:], argv[at + 1]
+
+
+def grid_rate(grid: dict, gemm: tuple[str, int, int, int], gpu) -> float:
+    """TFLOP/s of `gemm` in BF16 off the sm_90 grid, scaled to `gpu`'s plateau as roofline.py scales its curve."""
+    _, m, n, k = gemm
+    return xla_gemm_table.rate(grid, m, n, k) * gpu.matmul_efficiency / _TABLE_PLATEAU
+
+
 def main(argv: list[str]) -> int:
     device = "--device" in argv
-    found = moe_job.read([a for a in argv if a != "--device"], "expert_gemm_check.py")
+    argv, xla = xla_grid([a for a in argv if a != "--device"])
+    found = moe_job.read(argv, "expert_gemm_check.py")
     if found is None:
         return 2
+    grid = {}
+    if xla is not None:
+        grid, why = _grid(xla, found[1])
+        if why:
+            sys.stderr.write(f"error: {why}\n")
+            return 2
     if device and not _cuda():
         sys.stderr.write(
             "error: --device needs a CUDA GPU and torch built with CUDA; none is visible here\n"
@@ -109,9 +144,9 @@ def main(argv: list[str]) -> int:
     )
     print(
         "GEMM        M x N x K             GFLOP  ckplan eff  µs each  x local ms"
-        + ("  device alone, 4 streams ms" if device else "")
+        + ("  device alone, 4 streams ms" if device else "") + ("  XLA grid TFLOP/s  µs" if grid else "")
     )
-    totals = {"forward": 0.0, "backward": 0.0}
+    totals, grid_totals = {"forward": 0.0, "backward": 0.0}, {"forward": 0.0, "backward": 0.0}
     for gemm in gemms:
         name, m, n, k = gemm
         each = charged_ms(gemm, gpu, fp8)
@@ -126,12 +161,39 @@ def main(argv: list[str]) -> int:
                 f"  {timed_ms([(m, n, k)], 1, [add]):.3f}, "
                 f"{timed_ms([(m, n, k)] * local, STREAMS, [add] * local):.3f}"
             )
+        if grid:
+            tflops = grid_rate(grid, gemm, gpu)
+            grid_totals["forward" if "fprop" in name else "backward"] += local * 2 * m * n * k / (tflops * 1e9)
+            line += f"  {tflops:16.1f}  {2 * m * n * k / (tflops * 1e6):5.1f}"
         print(line)
     print(
         f"charged a block-microbatch: forward {totals['forward']:.3f} ms, backward {totals['backward']:.3f} ms "
         f"(each GEMM alone at its FLOPs' rate, one after another)"
     )
+    if grid:
+        over = xla_gemm_table.above(grid, xla_gemm_table.FP8, peak_tflops(gpu, fp8=True))
+        print(
+            f"the XLA grid's BF16 GEMMs at these shapes: forward {grid_totals['forward']:.3f} ms, backward "
+            f"{grid_totals['backward']:.3f} ms; its FP8 points: {over} of {len(grid)} above the dense FP8 peak "
+            f"({peak_tflops(gpu, fp8=True):.0f} TFLOP/s), not read"
+        )
     return 0
+
+
+def _grid(path: str, gpu) -> tuple[dict, str]:
+    """The sm_90 grid of the header at `path`, or why it cannot be read for `gpu`."""
+    if not path:
+        return {}, "--xla needs the path of XLA's matmul_interpolator_data.h"
+    if not gpu.name.startswith(("h100", "h200", "gh200")):
+        return {}, f"--xla reads the table's sm_90 (H100) points; {gpu.name} is not an H100-family GPU"
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        return {}, f"cannot read {path}: {err.strerror}"
+    grid = xla_gemm_table.read(text, "sm_90")
+    if not grid:
+        return {}, f"{path} holds no sm_90 table (XLA's matmul_interpolator_data.h has one)"
+    return grid, ""
 
 
 def _cuda() -> bool:

@@ -89,3 +89,51 @@ def test_device_refused_without_cuda(capsys, monkeypatch):
     monkeypatch.setattr(script, "_cuda", lambda: False)
     assert script.main([str(E4), "h100", "--device"]) == 2
     assert "--device needs a CUDA GPU" in capsys.readouterr().err
+
+
+def _table(points: dict) -> str:
+    """A header in XLA's text format: one GPU key, its entries (b, m, n, k) -> {dtype: TFLOP/s}."""
+    entries = "".join(
+        f"entries {{\n b: {b}\n m: {m}\n n: {n}\n k: {k}\n"
+        + "".join(f' flops {{ key: "{dtype}" value: {int(tflops * 1e12)} }}\n' for dtype, tflops in rates.items())
+        + "}\n"
+        for (b, m, n, k), rates in points.items()
+    )
+    return f'entries {{\n    key: "sm_90"\n    value {{\n{entries}    }}\n}}\n'
+
+
+# a 2 x 2 x 2 grid (256 and 1,024 on each side): BF16 rates 100 x (1 + the number of 1,024 sides); FP8 twice that, one
+# point above the H100's dense FP8 peak
+GRID = {(1, m, n, k): {"bf16xbf16->bf16": 100.0 * (1 + [m, n, k].count(1024)),
+                       "f8e4m3fnxf8e4m3fn->bf16": 2000.0 if (m, n, k) == (1024, 1024, 1024) else 200.0}
+        for m in (256, 1024) for n in (256, 1024) for k in (256, 1024)}
+
+
+def test_the_xla_grid_read_by_hand():
+    """512 is halfway between 256 and 1,024 in log2: each side's weight 1/2, so 512^3 reads the corners' mean
+    (100 + 3 x 200 + 3 x 300 + 400) / 8 = 250; a side at 1,024 weighs the upper corners alone; below 256 and above
+    1,024 the grid's edge."""
+    table = load_script("xla_gemm_table")
+    grid = table.read(_table(GRID), "sm_90")
+    assert len(grid) == 8 and table.read(_table(GRID), "sm_100_B200") == {}
+    assert table.rate(grid, 512, 512, 512) == pytest.approx(250.0)
+    assert table.rate(grid, 1024, 512, 512) == pytest.approx((200 + 2 * 300 + 400) / 4)
+    assert table.rate(grid, 64, 8192, 256) == pytest.approx(200.0)  # clamped to (256, 1024, 256)
+    assert table.above(grid, table.FP8, 1978.9) == 1
+
+
+def test_the_xla_grid_beside_ckplans_charge(tmp_path, capsys):
+    header = tmp_path / "matmul_interpolator_data.h"
+    header.write_text(_table(GRID))
+    script = load_script("expert_gemm_check")
+    assert script.main([str(E4), "h100", "--xla", str(header)]) == 0
+    out = capsys.readouterr().out
+    # every E4 GEMM has a side at or above 1,024 on each axis: the grid's 1,024^3 corner, 400 TFLOP/s at the burst
+    # plateau, scaled to the H100's sustained one as roofline.py scales its curve
+    h100 = archs.gpu("h100")
+    scaled = 400.0 * h100.matmul_efficiency / script._TABLE_PLATEAU
+    assert f"{scaled:16.1f}" in out and "1 of 8 above the dense FP8 peak" in out
+    assert script.main([str(E4), "b200", "--xla", str(header)]) == 2
+    assert "not an H100-family GPU" in capsys.readouterr().err
+    assert script.main([str(E4), "h100", "--xla", str(tmp_path / "none.h")]) == 2
+    assert "cannot read" in capsys.readouterr().err

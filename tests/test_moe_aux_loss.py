@@ -99,11 +99,11 @@ def test_the_cli_lists_the_z_loss_as_not_modelled(tmp_path):
 
 
 def test_the_router_dtype_is_said_and_fp64_beside_the_fusion_refused(tmp_path):
-    # unset: the input's dtype, what ckplan charges (nothing said); fp32: its tensors over tokens x experts are
-    # charged in bf16, so not modelled; on a dense model no router runs
+    # unset: the input's dtype (nothing said); fp32: its tensors over tokens x experts charged at 4 B
+    # (tests/test_moe_router_dtype.py); on a dense model no router runs
     assert all(s.name != "--moe-router-dtype" for s in megatron.from_pairs(TINY, "t.sh").settings)
     fp32 = megatron.from_pairs(TINY + [("--moe-router-dtype", ["fp32"])], "t.sh")
-    assert _said(fp32, "--moe-router-dtype") == ("--moe-router-dtype", "fp32", "not modelled")
+    assert _said(fp32, "--moe-router-dtype") == ("--moe-router-dtype", "fp32", "modelled")
     dense = [pair for pair in TINY if pair[0] not in ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size")]
     assert _said(megatron.from_pairs(dense + [("--moe-router-dtype", ["fp32"])], "t.sh"),
                  "--moe-router-dtype")[2] == "no effect"

@@ -132,10 +132,10 @@ def test_under_megatrons_float8_a_moe_block_keeps_its_inputs_in_fp8():
         made = [c for c in record.forward if c > 0]
         # the input norm's output at 1 B (the second allocation); linear_proj's FP8 copy after the attention output
         assert made_old[1] == 2 * T * h and made[1] == T * h
-        # then the MLP norm's input, statistics and output, and Megatron's mixture (router fp32 T E, bool T E, fp32
-        # probs S, fc1's input, its output, fc2's input): fc1's input at 1 B; fc2's bf16 input made, its FP8 copy
-        # made, the bf16 freed
-        attention, mixture = [2 * T * h, 4 * T, 2 * T * h], [4 * T * 8, T * 8, 4 * S]
+        # then the MLP norm's input, statistics and output, and Megatron's mixture (router fp32 T E, bool T E, the
+        # probs S in the logits' bf16, fc1's input, its output, fc2's input): fc1's input at 1 B; fc2's bf16 input
+        # made, its FP8 copy made, the bf16 freed
+        attention, mixture = [2 * T * h, 4 * T, 2 * T * h], [4 * T * 8, T * 8, 2 * S]
         assert _holds(made_old, [2 * T * q, *attention, *mixture, 2 * S * h, 2 * S * 2 * f, 2 * S * f])
         assert _holds(made, [2 * T * q, T * q, *attention, *mixture, S * h, 2 * S * 2 * f, 2 * S * f, S * f])
         assert sum(made) == sum(made_old) - 10240 + 2 * S * f  # the bf16 fc2 input: a transient
@@ -159,7 +159,7 @@ def test_with_the_aux_loss_kept_the_fp8_inputs_are_still_found():
             continue
         made_old = [c for c in old.alloc_records["none"].forward if c > 0]
         made = [c for c in new.alloc_records["none"].forward if c > 0]
-        attention, mixture = [2 * T * h, 4 * T, 2 * T * h], [4 * T * 8, T * 8, 4 * T * 8, 8 * 8, 4 * S]
+        attention, mixture = [2 * T * h, 4 * T, 2 * T * h], [4 * T * 8, T * 8, 4 * T * 8, 8 * 8, 2 * S]
         assert _holds(made_old, [2 * T * q, *attention, *mixture, 2 * S * h, 2 * S * 2 * f, 2 * S * f])
         assert made[1] == T * h
         assert _holds(made, [2 * T * q, T * q, *attention, *mixture, S * h, 2 * S * 2 * f, 2 * S * f, S * f])

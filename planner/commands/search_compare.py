@@ -219,6 +219,8 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | No
                                                                                                   settings or {})
     if job.arch.router_aux_loss and not arch.router_aux_loss:  # a training loss, not the model: scored without it
         unmodelled.append("the router's aux loss (scored without it, as the searched model's router)")
+    if job.arch.router_dtype_bytes and not arch.router_dtype_bytes:  # how the job runs its router, not the model
+        unmodelled.append("--moe-router-dtype fp32 (scored in the input's dtype, as the searched model's router)")
     dp = job.dp_given if job.dp_given and job.dp_given > 0 else None
     batch = job.global_batch_size or (job.local_batch_size * dp if job.local_batch_size and dp else 0)
     shard_group = dp // job.dp_replicate if dp and job.dp_replicate > 1 else None
@@ -291,9 +293,10 @@ def _said(value) -> str:
 # what names a model or is how one implementation runs it, not what the model is: routing_weight_bytes and
 # renormalizes_top_k are the router's ops as transformers runs them (archs.Arch, counted by analytic_moe), which a
 # framework's file never says (Megatron-LM's router is its own); router_aux_loss is a loss the job trains with
-# (a Megatron file's --moe-aux-loss-coeff), said in not_expressible where the searched model's router runs without it
+# (a Megatron file's --moe-aux-loss-coeff), said in not_expressible where the searched model's router runs without it;
+# router_dtype_bytes is the dtype a job runs its router in (a Megatron file's --moe-router-dtype), said the same way
 _ARCH_LABELS = ("name", "source", "max_position_embeddings", "rope_theta", "norm_eps", "rope_scaling",
-                "routing_weight_bytes", "renormalizes_top_k", "router_aux_loss")
+                "routing_weight_bytes", "renormalizes_top_k", "router_aux_loss", "router_dtype_bytes")
 
 
 def _framework_recompute(job, stages: int, *, op_level_sac: bool = False):

@@ -74,7 +74,8 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
         profile = te_moe_float8.with_records(profile, runtimes.of(setup.training))
     profile = te_delayed.delayed_profile(profile, setup.training)  # TE's delayed scaling's casts (te_delayed.py)
     profile = fusedkernels.fused_profile(profile, runtimes.of(setup.training).fused_kernels,
-                                         unfused_accumulation=setup.training.unfused_grad_accumulation)
+                                         unfused_accumulation=setup.training.unfused_grad_accumulation,
+                                         router_scores=runtimes.of(setup.training).te_router_scores)
     profile = te_kept.fused_swiglu_profile(profile, runtimes.of(setup.training))
     profile = te_moe_kept.megatron_moe_profile(profile, runtimes.of(setup.training))  # Megatron-core's MoE layers' tensors
     profile = chunkedloss.chunked_head_profile(profile, setup)  # --chunked-cross-entropy N: the head's backward

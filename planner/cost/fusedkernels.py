@@ -24,19 +24,44 @@ from planner.schema import OPTION_FULL, LayerProfile, Profile
 BLOCK_KINDS = ("decoder_block", "moe_block")
 
 
-def fused_profile(profile: Profile, fused_kernels: str | None, *, unfused_accumulation: bool = False) -> Profile:
+def fused_profile(profile: Profile, fused_kernels: str | None, *, unfused_accumulation: bool = False,
+                  router_scores: str = "logits") -> Profile:
     """The profile with each layer that recorded `te_time` timed by it where the runtime's layers run
     Transformer Engine's kernels (`fused_kernels` == "transformer-engine"); else the profile itself. The
     record's backward is under Megatron's gradient-accumulation fusion; `unfused_accumulation`
     (--no-gradient-accumulation-fusion) adds back the eager accumulation pass (FusedKernelTime.accumulate_ms).
     A layer without a record runs its linears' wgrad under the same fusion (Megatron-core's output layer and
     eh_proj: ColumnParallelLinear with gradient_accumulation_fusion; the blocks' TE linears): its backward loses
-    the eager pass the profile timed (LayerProfile.wgrad_accumulate_ms) unless `unfused_accumulation`."""
+    the eager pass the profile timed (LayerProfile.wgrad_accumulate_ms) unless `unfused_accumulation`. A MoE
+    block's record is TE v2.9's router dtypes; where the runtime's TE writes its router intermediates in fp32
+    (`router_scores`, RuntimeFacts.te_router_scores: "fp32" from TE v2.13) what they add is charged (scores_at)."""
     if fused_kernels != "transformer-engine":
         return profile
-    layers = [_timed(layer, unfused_accumulation) if layer.te_time is not None
+    layers = [_timed(scores_at(layer, router_scores), unfused_accumulation) if layer.te_time is not None
               else layer if unfused_accumulation else _fused_accumulation(layer) for layer in profile.layers]
     return profile.model_copy(update={"layers": layers})
+
+
+def scores_at(layer: LayerProfile, router_scores: str) -> LayerProfile:
+    """`layer` with its TE record's passes (and its Float8 record's) at the router dtypes `router_scores` says: as it
+    is at "logits" (TE v2.9-v2.12, the record's own); at "fp32" the forward, the full and `mlp` reruns (the MoE
+    layer's checkpoint reruns the router: te_rerun.py) and the backward take what the fp32 intermediates add
+    (FusedKernelTime.fp32_scores_fwd_ms / _bwd_ms; framework-facts §543, §588)."""
+    timed = layer.te_time
+    fwd, bwd = timed.fp32_scores_fwd_ms, timed.fp32_scores_bwd_ms
+    if router_scores != "fp32" or not (fwd or bwd):
+        return layer
+
+    def moved(passes):
+        reruns = {name: ms + fwd if name in (OPTION_FULL, "mlp") else ms for name, ms in passes.recompute_ms.items()}
+        return passes.model_copy(update={"fwd_ms": passes.fwd_ms + fwd, "bwd_ms": passes.bwd_ms + bwd,
+                                         "recompute_ms": reruns})
+
+    fp8 = None if timed.float8 is None else moved(timed.float8)
+    if fp8 is not None and fp8.delayed is not None:
+        fp8 = fp8.model_copy(update={"delayed": moved(fp8.delayed)})
+    timed = moved(timed).model_copy(update={"float8": fp8, "fp32_scores_fwd_ms": 0.0, "fp32_scores_bwd_ms": 0.0})
+    return layer.model_copy(update={"te_time": timed})
 
 
 def _fused_accumulation(layer: LayerProfile) -> LayerProfile:

@@ -6,8 +6,9 @@ Megatron-LM d98e8a64 (the nearest stored to Megatron-Bridge 00b7660b's pin):
 - router (moe_router_fusion, Transformer Engine's fused_topk_with_score_function): the autograd function saves
   the routing map (bool, T x E) and its intermediate output (the scores, T x E), no top-k indices or
   weights of their own (transformer_engine/pytorch/router.py FusedTopkScoreFunction.forward); the intermediate is
-  in the logits' dtype (the input's, bf16: Megatron's router runs there unless --moe-router-dtype) up to TE v2.12,
-  fp32 from v2.13 (the record's te_router_scores; router.cpp 42-47 at v2.9, 66 at 4329ff84: framework-facts §543);
+  in the logits' dtype (the input's, bf16; fp32 under --moe-router-dtype fp32, Arch.router_dtype_bytes: framework-facts
+  §588) up to TE v2.12, fp32 from v2.13 (the record's te_router_scores; router.cpp 42-47 at v2.9, 66 at 4329ff84:
+  framework-facts §543);
 - the auxiliary load-balancing loss (`router_aux_loss`, Megatron's aux_loss under the fusion: router.py 270-296 at
   92c8482e): FusedComputeScoresForMoEAuxLoss saves its intermediate (T x E, the same dtype as the top-k's),
   FusedAuxLoss the counts `routing_map.sum(dim=0)` (E int64) and an fp32 scalar, MoEAuxLossAutoScaler the loss
@@ -15,7 +16,9 @@ Megatron-LM d98e8a64 (the nearest stored to Megatron-Bridge 00b7660b's pin):
   The two scalars are not counted;
 - the alltoall dispatcher (moe_permute_fusion): permute, the all-to-all and sort_chunks_by_idxs keep no tokens
   (their backward is the inverse permutation, by an int32 map; token_dispatcher.py 660-800, moe_utils.py
-  permute / sort_chunks_by_idxs); the permuted probs reach the experts (fp32, one per routed copy);
+  permute / sort_chunks_by_idxs); the permuted probs reach the experts (one per routed copy, in the logits' dtype:
+  TE's permute, the all-to-all and the sort keep it, and WeightedSwiGLUFunction saves them as they come,
+  fusions/fused_bias_swiglu.py 194-199 at 92c8482e: bf16, fp32 under --moe-router-dtype fp32; framework-facts §588);
 - TEGroupedMLP.forward (experts.py 840-1046): linear_fc1 (TE GroupedLinear) saves its input, the permuted tokens
   (S x h); the fused weighted GLU (bias_activation_fusion: weighted_bias_swiglu_impl /
   weighted_bias_quick_geglu_impl, fusions/fused_bias_geglu.py 350-445) saves its input, linear_fc1's 2f-wide
@@ -67,9 +70,10 @@ def mixtures(profile: Profile, record=None) -> dict | None:
     clamped = bool(model.get("swiglu_limit"))
     act = [2 * S * f * d] + [S * f * d] * 5 if clamped else [S * f * d] * 4
     generic = [FP32 * T * E // r, INDEX * T * k // r, FP32 * T * k // r, S * h * d, INDEX * S, *act, S * h * d]
-    scores = d if record is not None and record.te_router_scores == "logits" else FP32  # the logits' dtype: bf16
+    logits = model.get("router_dtype_bytes") or d  # --moe-router-dtype fp32: 4 (Arch.router_dtype_bytes)
+    scores = logits if record is not None and record.te_router_scores == "logits" else FP32  # the logits' dtype
     aux = [scores * T * E // r, INDEX * E] if model.get("router_aux_loss") else []
-    mcore = [scores * T * E // r, BOOL * T * E // r, *aux, FP32 * S, S * h * d, 2 * S * f * d,
+    mcore = [scores * T * E // r, BOOL * T * E // r, *aux, logits * S, S * h * d, 2 * S * f * d,
              *([2 * S * f * d] if clamped else []), S * f * d]
     shared = model.get("num_shared_experts", 0) * model.get("shared_intermediate_size", 0) // tp
     if shared:  # the shared experts after the routed ones, as analytic_kept.moe_terms counts them

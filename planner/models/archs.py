@@ -136,6 +136,11 @@ class Arch:
     # router_aux_loss: the router's auxiliary load-balancing loss runs in training (Megatron-core's aux_loss type with a
     # coefficient above 0: planner/models/configs/megatron_router.py; its passes timed in planner/profiler/te_moe.py)
     router_aux_loss: bool = False
+    # router_dtype_bytes: the element size of the router's logits where Megatron-LM's --moe-router-dtype sets it (4:
+    # fp32), and so of TE's router probabilities, intermediates and gradients and the permuted probabilities
+    # (planner/models/configs/megatron_router.py; charged in planner/profiler/te_moe.py and
+    # planner/cost/te_moe_kept.py); 0: the input's dtype (bf16)
+    router_dtype_bytes: int = 0
     # Gemma 3 (planner/models/gemma3.py has the sources): post_norms, an RMSNorm on the attention's and on the
     # MLP's output before each residual add (post_attention_layernorm, post_feedforward_layernorm: four norms a
     # block). layer_rotary: each layer's rotary where the layers differ (SmolLM3's no_rope_layers: False on its
@@ -251,6 +256,7 @@ _LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "s
                  "qk_nope_head_dim": 0, "v_head_dim": 0, "rotary": None, "residual_dropout": None, "embedding_dropout": None,
                  "attention_dropout": None, "layer_windows": (), "attention_sinks": False, "o_bias": False,
                  "expert_bias": False, "swiglu_limit": None, "sinks_in_kernel": False, "router_aux_loss": False,
+                 "router_dtype_bytes": 0,
                  "post_norms": False, "layer_rotary": ()}
 
 

@@ -282,11 +282,14 @@ def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) ->
     kernels_gpu = te_mla.attention_gpu(gpu) if arch.mla else te_attention_gpu(gpu)
     fp8 = None if arch.mla else te_moe_float8.record(arch, shape, kernels_gpu, fwd, bwd, rerun, prefix=prefix)
     fp8 = te_rerun.with_float8_parts(fp8, arch, shape, kernels_gpu, moe=True, fused_gemms=_fused_gemms, prefix=prefix)
+    scores = te_moe.fp32_scores_bytes(arch, shape)  # TE v2.13 on's fp32 intermediates, beyond v2.9's
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu),
                                          **te_rerun.part_reruns(arch, shape, kernels_gpu, moe=True,
                                                                 fused_gemms=_fused_gemms)}, float8=fp8,
-                           accumulate_ms=membound_ms(accumulate, kernels_gpu, "eager", "elementwise"))
+                           accumulate_ms=membound_ms(accumulate, kernels_gpu, "eager", "elementwise"),
+                           fp32_scores_fwd_ms=membound_ms(scores[0], kernels_gpu, "fused"),
+                           fp32_scores_bwd_ms=membound_ms(scores[1], kernels_gpu, "fused"))
 
 
 def moe_passes(arch, shape, passes: tuple[Work, Work, Work]) -> tuple[Work, Work, Work]:

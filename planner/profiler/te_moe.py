@@ -13,8 +13,11 @@ the input's dtype unless `--moe-router-dtype`), TE's row map int32 (4 B).
   the logits (2 TE) and writes the probabilities (2 TE), the routing map (bool, 1 TE) and its intermediate
   (2 TE: the logits' dtype at TE v2.9, csrc/extensions/router.cpp 42-47, to v2.12); backward reads the map, the
   intermediate and the probabilities' gradient and writes the logits' gradient (the intermediate's dtype, 77-78):
-  7 TE each way. TE v2.13 on writes the intermediate fp32 (9 TE each way; the record's te_router_scores, which
-  this profile, made before a runtime is chosen, does not read: framework-facts §543);
+  7 TE each way. TE v2.13 on writes the intermediate fp32 (9 TE each way). The record is made at v2.9's dtypes
+  and carries what v2.13's fp32 adds beside it (fp32_scores_bytes), which the cost model adds where the runtime
+  record's te_router_scores is "fp32" (planner/cost/fusedkernels.py; framework-facts §543, §588). Under
+  `--moe-router-dtype fp32` (Arch.router_dtype_bytes) the logits, probabilities and their gradients are 4 B, and
+  so the probabilities the permutations and the weighted activation move (router_elements, routed_bytes);
 - permutation 1 (megatron/core/transformer/moe/moe_utils.py `permute(fused=True, probs=...)` ->
   TE `moe_permute_with_probs`, permutation.py `_moe_permute_mask_map`): the row map made from the routing
   map (1 TE read, 4 TE written), each token's row read once and written to its k slots (2 T h + 2 S h),
@@ -52,27 +55,58 @@ from collections import Counter
 from planner.profiler import analytic_time, formulas, gptoss_time, te_bytes, te_moe_eager
 from planner.profiler.norm_bytes import rms_norm
 
-ROUTER_FWD = ROUTER_BWD = 7  # per (token, expert): fused top-k's logits, probs, map and intermediate (TE v2.9's)
 ROW_MAP_MAKE, ROW_MAP = 5, 4  # per (token, expert): routing map read + int32 row map written; row map read
 WEIGHTED_GLU_FWD, WEIGHTED_GLU_BWD = 6, 10  # per element of the width-f output (SWIGLU_FUSED's)
-WEIGHT_FWD, WEIGHT_BWD = 2, 4  # per token copy: the routing weight read; read and its gradient written
-AUX_LOSS_FWD, AUX_LOSS_BWD = 9, 8  # per (token, expert): the aux loss's two TE kernels each way (the module docstring)
+LOGITS, FP32 = 2, 4  # the router's logits without --moe-router-dtype (the input's bf16); TE v2.13 on's intermediates
 
 
-def routed_bytes(arch, shape) -> tuple[int, int]:
-    """(forward, backward) memory-bound bytes of a MoE block's router, permutations and experts'
-    activation as Megatron-core runs them fused (the module docstring)."""
-    T, h, E, k = shape.tokens, arch.hidden_size, arch.num_experts, arch.num_experts_per_tok
-    S, f = T * k, arch.moe_intermediate_size // shape.tp
-    local = formulas.expert_gemm_shape(arch, shape)[0]
-    sort = 2 * (4 * S * h + 4 * S) if shape.ep > 1 and local > 1 else 0  # sort + unsort, one way each
-    fwd = (ROUTER_FWD * T * E + ROW_MAP_MAKE * T * E + (2 * T * h + 2 * S * h) + 2 * T * E + 2 * S + ROW_MAP * T * E
-           + sort + WEIGHTED_GLU_FWD * S * f + WEIGHT_FWD * S + (2 * S * h + 2 * T * h) + ROW_MAP * T * E)
-    bwd = (ROUTER_BWD * T * E + (2 * S * h + 2 * T * h) + ROW_MAP * T * E + 2 * S + 2 * T * E
-           + sort + WEIGHTED_GLU_BWD * S * f + WEIGHT_BWD * S + (2 * T * h + 2 * S * h) + ROW_MAP * T * E)
+def router_elements(arch, *, scores: str = "logits") -> tuple[int, int]:
+    """(forward, backward) bytes per (token, expert) of TE's fused top-k and, where it runs, the aux loss's two
+    kernels (the module docstring), with the logits in their dtype (L: Arch.router_dtype_bytes, else bf16) and TE's
+    saved intermediates and the aux loss's scores in `scores`' dtype (the record's te_router_scores: "logits" to
+    TE v2.12, "fp32" from v2.13; framework-facts §543, §588). Top-k: logits L read, probs L, map 1 and intermediate I
+    written; backward map 1, intermediate I, probs' gradient L read, logits' gradient L written (v2.9: the
+    intermediate's dtype, the logits' there; v2.13 on: ctx.logits_dtype). Aux loss: logits L read, scores I, map 1,
+    intermediate I written, scores I read; backward the scores' gradient (the loss's, the scores' dtype) written and
+    read, the intermediate read, the logits' gradient L written. At v2.9 in bf16: 7 / 7 and 9 / 8."""
+    L = arch.router_dtype_bytes or LOGITS
+    i = L if scores == "logits" else FP32
+    fwd, bwd = 2 * L + 1 + i, 1 + i + 2 * L
     if arch.router_aux_loss:
-        fwd, bwd = fwd + AUX_LOSS_FWD * T * E, bwd + AUX_LOSS_BWD * T * E
+        fwd, bwd = fwd + L + 1 + 3 * i, bwd + 3 * i + L
     return fwd, bwd
+
+
+def routed_bytes(arch, shape, *, scores: str = "logits") -> tuple[int, int]:
+    """(forward, backward) memory-bound bytes of a MoE block's router, permutations and experts'
+    activation as Megatron-core runs them fused (the module docstring), TE's router intermediates in `scores`' dtype
+    (router_elements); the probabilities (read, permuted, sorted, read by the weighted activation, their gradients)
+    in the logits' dtype (2 B, 4 under --moe-router-dtype fp32)."""
+    T, h, E, k = shape.tokens, arch.hidden_size, arch.num_experts, arch.num_experts_per_tok
+    S, f, p = T * k, arch.moe_intermediate_size // shape.tp, arch.router_dtype_bytes or LOGITS
+    local = formulas.expert_gemm_shape(arch, shape)[0]
+    sort = 2 * (4 * S * h + 2 * p * S) if shape.ep > 1 and local > 1 else 0  # sort + unsort, one way each
+    router, weight = router_elements(arch, scores=scores), weight_bytes(arch)
+    fwd = (router[0] * T * E + ROW_MAP_MAKE * T * E + (2 * T * h + 2 * S * h) + p * T * E + p * S + ROW_MAP * T * E
+           + sort + WEIGHTED_GLU_FWD * S * f + weight[0] * S + (2 * S * h + 2 * T * h) + ROW_MAP * T * E)
+    bwd = (router[1] * T * E + (2 * S * h + 2 * T * h) + ROW_MAP * T * E + p * S + p * T * E
+           + sort + WEIGHTED_GLU_BWD * S * f + weight[1] * S + (2 * T * h + 2 * S * h) + ROW_MAP * T * E)
+    return fwd, bwd
+
+
+def fp32_scores_bytes(arch, shape) -> tuple[int, int]:
+    """(forward, backward) bytes TE v2.13 on's fp32 router intermediates and aux-loss scores move beyond v2.9's
+    (routed_bytes' difference): what the record's te_router_scores "fp32" adds to a block timed at v2.9's
+    (FusedKernelTime.fp32_scores_fwd_ms / _bwd_ms, read by planner/cost/fusedkernels.py)."""
+    new, old = routed_bytes(arch, shape, scores="fp32"), routed_bytes(arch, shape)
+    return new[0] - old[0], new[1] - old[1]
+
+
+def weight_bytes(arch) -> tuple[int, int]:
+    """(forward, backward) bytes per routed copy of the routing weight the experts' weighted activation reads (and
+    whose gradient it writes), in the logits' dtype."""
+    p = arch.router_dtype_bytes or LOGITS
+    return p, 2 * p
 
 
 def eager_routed_classes(arch, shape) -> tuple[Counter, Counter]:

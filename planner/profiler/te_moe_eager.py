@@ -37,7 +37,7 @@ routing weights (te_moe.py: the router runs in the input's dtype).
   `_apply_aux_loss`'s `routing_map.sum(dim=0)` (router.py 277 at 92c8482e: the bool map read, 1 B per token and
   expert, E int64 counts written; the counts' all-reduce over the TP x CP group, none at one rank, not charged);
   backward autograd's add of the logits' two gradients, the top-k's and the aux scores' (2 + 2 read, 2 written: 6 B
-  per token and expert). Elementwise class; T tokens, E experts.
+  per token and expert; 12 under `--moe-router-dtype fp32`, Arch.router_dtype_bytes). Elementwise class; T tokens, E experts.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def aux_loss_bytes(arch, shape) -> tuple[int, int]:
     if not (arch.num_experts and arch.router_aux_loss):
         return 0, 0
     T, E = shape.tokens, arch.num_experts
-    return AUX_SUM_FWD * T * E + AUX_COUNT * E, AUX_ADD_BWD * T * E
+    add = AUX_ADD_BWD * (arch.router_dtype_bytes or 2) // 2  # the logits' dtype: 6 B in bf16, 12 in fp32
+    return AUX_SUM_FWD * T * E + AUX_COUNT * E, add * T * E
 
 
 def eager_bytes(arch, shape) -> tuple[int, int]:

@@ -96,7 +96,7 @@ def part_works(arch, shape, *, moe: bool, fused_gemms) -> dict[str, Work]:
         works["mlp"] = te_moe_float8.grouped_fc1(fused_gemms(_replaced(mixture, eager, fused), arch, shape, 1),
                                                  arch, shape, 1)
         S, width = T * arch.num_experts_per_tok, arch.moe_intermediate_size // shape.tp
-        act = te_moe.WEIGHTED_GLU_FWD * S * width + te_moe.WEIGHT_FWD * S
+        act = te_moe.WEIGHTED_GLU_FWD * S * width + te_moe.weight_bytes(arch)[0] * S
         clamp = te_moe_eager.act_rerun_bytes(arch, shape)  # the eager clamp (te_moe_eager's class: activation)
         works["mlp-act"] = work(0, act + clamp, [], fused_bytes=act, classed={"activation": clamp})
     else:

@@ -246,6 +246,12 @@ class FusedKernelTime(CompiledTime):
     # default): the wgrad GEMM accumulates into main_grad. This is what the eager accumulation pass the
     # fusion removes takes; planner/cost/fusedkernels.py adds it back where the setup turns the fusion off
     accumulate_ms: Ms = 0.0
+    # a MoE block's record is timed at TE v2.9's router dtypes (the intermediates in the logits'); what TE v2.13 on's
+    # fp32 intermediates and aux-loss scores add to its forward (and to each rerun that runs the router) and backward,
+    # which planner/cost/fusedkernels.py adds where the runtime record's te_router_scores is "fp32"
+    # (planner/profiler/te_moe.py fp32_scores_bytes); 0 in dense blocks and in records made before
+    fp32_scores_fwd_ms: Ms = 0.0
+    fp32_scores_bwd_ms: Ms = 0.0
 
 
 class LayerProfile(Strict):

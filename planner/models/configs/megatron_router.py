@@ -13,10 +13,12 @@ group) and `--moe-z-loss-coeff` (the z-loss's logsumexp over the logits) are lis
 
 `--moe-router-dtype` (fp32 or fp64; default none: the input's dtype, bf16) sets the dtype the router's GEMM writes
 its logits in (`TopKRouter.gating`, router.py 78-101; `RouterGatingLinearFunction`, moe_utils.py 958-980 at
-92c8482e), and so TE's router probabilities and intermediates (docs/framework-facts.md §545): ckplan charges them in
-the input's dtype, so fp32 is listed as not modelled; fp64 beside `--moe-router-fusion` does not run (TE's
-`fused_topk_with_score_function` raises on float64 logits: router.py 114-115 at v2.9, 174-175 at 4329ff84) and is
-refused.
+92c8482e), and so TE's router probabilities, intermediates and gradients, and the probabilities the dispatcher
+permutes and the experts' weighted activation reads (docs/framework-facts.md §545, §588): fp32 sets
+`Arch.router_dtype_bytes` 4, charged in time (planner/profiler/te_moe.py) and memory (planner/cost/te_moe_kept.py);
+fp64 beside `--moe-router-fusion` does not run (TE's `fused_topk_with_score_function` raises on float64 logits:
+router.py 114-115 at v2.9, 174-175 at 4329ff84) and is refused; fp64 without the fusion (Megatron's eager top-k in
+float64) is listed as not modelled.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ ROUTER_DTYPES = ("fp32", "fp64")  # megatron/training/arguments.py 3248-3250 at 
 
 
 def router_facts(flags: Flags, *, moe: bool) -> dict:
-    """The Arch's `router_aux_loss` from the load-balancing flags (the module docstring); {} for a dense model."""
+    """The Arch's `router_aux_loss` from the load-balancing flags and its `router_dtype_bytes` from
+    `--moe-router-dtype` (the module docstring); {} for a dense model."""
     kinds = flags.take_list("--moe-router-load-balancing-type", "the router's load-balancing loss") or ["aux_loss"]
     coeffs = flags.take_list("--moe-aux-loss-coeff", "the auxiliary loss's coefficient") or ["0"]
     z_loss = flags.take("--moe-z-loss-coeff", "the router's z-loss coefficient", float, None)
@@ -37,7 +40,7 @@ def router_facts(flags: Flags, *, moe: bool) -> dict:
     if unknown:
         raise UserError(f"--moe-router-load-balancing-type {unknown[0]!r} is not one of Megatron-LM's "
                         f"({', '.join(LOSS_TYPES)}); give one")
-    _router_dtype(flags, moe=moe)
+    dtype = _router_dtype(flags, moe=moe)
     if not moe:
         for flag in ("--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff"):
             _status(flags, flag, "no effect", "a router's loss: a dense model has no router")
@@ -52,27 +55,33 @@ def router_facts(flags: Flags, *, moe: bool) -> dict:
     if z_loss:
         _status(flags, "--moe-z-loss-coeff", "not modelled", "the router's z-loss (a logsumexp over the tokens x "
                 "experts logits and its gradient) is not modelled")
-    return {"router_aux_loss": "aux_loss" in runs}
+    return {"router_aux_loss": "aux_loss" in runs, **dtype}
 
 
-def _router_dtype(flags: Flags, *, moe: bool) -> None:
-    """`--moe-router-dtype` read (the module docstring): refused where it is not Megatron-LM's or cannot run."""
+def _router_dtype(flags: Flags, *, moe: bool) -> dict:
+    """`--moe-router-dtype` read (the module docstring): the Arch's `router_dtype_bytes` where fp32 runs; refused where
+    it is not Megatron-LM's or cannot run."""
     fusion = flags.has("--moe-router-fusion")
     dtype = flags.take("--moe-router-dtype", "the router's logits dtype")
     if dtype is None:
-        return
+        return {}
     if dtype not in ROUTER_DTYPES:
         raise UserError(f"--moe-router-dtype {dtype!r} is not one of Megatron-LM's ({', '.join(ROUTER_DTYPES)}); "
                         "give one, or leave it out for the input's dtype")
     if not moe:
         _status(flags, "--moe-router-dtype", "no effect", "the router's dtype: a dense model has no router")
-    elif dtype == "fp64" and fusion:
+        return {}
+    if dtype == "fp64" and fusion:
         raise UserError("--moe-router-dtype fp64 with --moe-router-fusion does not run: Transformer Engine's fused "
                         "top-k raises on float64 logits; drop one of them")
-    else:
-        _status(flags, "--moe-router-dtype", "not modelled", f"the router's logits, probabilities and TE's router "
-                f"intermediates in {dtype} (its GEMM's output, the top-k's and permutations' tensors over tokens x "
-                "experts): charged in the input's dtype, bf16")
+    if dtype == "fp64":
+        _status(flags, "--moe-router-dtype", "not modelled", "the router's logits, probabilities and Megatron's "
+                "eager top-k in fp64 (without --moe-router-fusion): charged as TE's fused router in the input's dtype")
+        return {}
+    _status(flags, "--moe-router-dtype", "modelled", "the router's logits, TE's router probabilities, intermediates "
+            "and gradients and the permuted probabilities in fp32 (4 B a token and expert or routed copy), in time "
+            "and memory")
+    return {"router_dtype_bytes": 4}
 
 
 def _status(flags: Flags, flag: str, status: str, why: str) -> None:
