@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from planner.cost import costmodel, splittime
+from planner.cost import costmodel, splittime, termvalues
 from planner.schema import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Profile, TrainSetup
 from planner.solve import replayfit
 
@@ -81,9 +81,9 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
     for layer, count in layers:
         options = range(len(layer.options))
         static += count * costmodel.layer_value("static", layer, 0, of_layer)
-        step += count * min(costmodel.layer_value("step", layer, o, of_layer) for o in options)
-        least = min(costmodel.layer_value("time", layer, o, of_layer) + _split_extra_floor(layer, o, of_layer)
-                    for o in options)
+        step += count * min(termvalues.layer_values("step", layer, options, of_layer))
+        times = termvalues.layer_values("time", layer, options, of_layer)  # layer_value's, each option
+        least = min(times[o] + _split_extra_floor(layer, o, of_layer) for o in options)
         compute += count * least
         cheapest.append((least, count))
         kept += count * costmodel.least_kept_bytes(layer, of_layer)  # TE's window keeps 0 of an offloaded layer
@@ -95,7 +95,8 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
         time_ms = work + (microbatches - 1) * work / stages + step / stages
     # both with the cuBLAS workspaces every rank keeps, as evaluate's allocated peak and its limit hold them
     cublas = costmodel.cublas_workspaces_bytes(ctx)
-    limit = max(costmodel.limit_bytes(s, _rows_context(profile, setup, ctx)) for s in range(stages)) + cublas
+    rows = _rows_context(profile, setup, ctx)  # once: the replay's relaxed caps read every rank's buffers
+    limit = max(costmodel.limit_bytes(s, rows) for s in range(stages)) + cublas
     held = static + (0.0 if setup.pipeline.schedule in CHUNKED_SCHEDULES else max(0.0, _activations(kept, layers, ctx)))
     return Bounds(time_ms=max(0.0, time_ms), static_bytes=held / stages + cublas, limit_bytes=limit)
 
