@@ -153,9 +153,10 @@ def _capture(job: str, time_limit: str, out: str) -> None:
 
     seen, real = [], jobsearch.bounds_mod.setup_bounds
 
-    def keep(profile, setup, layers=None):
-        seen.append((profile, setup, layers))
-        return real(profile, setup, layers)
+    def keep(profile, setup, layers=None, **keywords):
+        if keywords.get("timed", True):  # a tree whose search asks a memory bound alone first: the timed ones
+            seen.append((profile, setup, layers))
+        return real(profile, setup, layers, **keywords)
 
     jobsearch.bounds_mod.setup_bounds = keep
     with tempfile.TemporaryDirectory() as scratch:

@@ -1,8 +1,9 @@
 """The search's bounds without repeated work (docs/published-runs.md §43.searchfast): a layer row that does not read
 its recompute option is evaluated once for every option (termvalues.py, read from the row's code), the experts'
 setup is made once a setup (expertsetup.py), the replay's relaxed caps once a setup, not once a stage. Each held
-against the direct evaluation: the rows' values, every quantity's per-option sums to the bit, the bounds, and a
-whole search's ranking and counts."""
+against the direct evaluation: the rows' values, every quantity's per-option sums to the bit, the bounds (and the
+memory bound alone, which the search asks first of an EP configuration on the EP-1 profile), and a whole search's
+ranking and counts."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def _direct(monkeypatch):
     """Every row evaluated at every option and every experts' setup made anew: the evaluation before this change."""
     monkeypatch.setattr(termvalues, "reads_option", lambda function: True)
     monkeypatch.setattr(expertsetup, "made", _uncached_expert_setup)
+    whole = bounds_mod.setup_bounds  # the search's first bound of an EP configuration, timed as well
+    monkeypatch.setattr(bounds_mod, "setup_bounds", lambda profile, setup, layers=None, **_: whole(profile, setup, layers))
 
 
 @functools.cache
@@ -120,6 +123,11 @@ def test_the_experts_setup_is_made_once_a_setup_and_anew_once_it_changes():
 def test_the_bounds_are_the_direct_evaluations(monkeypatch):
     cases = list(_cases())
     found = [bounds_mod.setup_bounds(profile, setup) for profile, setup, _ in cases]
+    # the memory bound alone (the search's first look at an EP configuration, on the EP-1 profile): the same fields
+    for (profile, setup, _), timed in zip(cases, found):
+        alone = bounds_mod.setup_bounds(profile, setup, timed=False)
+        assert (alone.static_bytes, alone.limit_bytes) == (timed.static_bytes, timed.limit_bytes)
+        assert alone.time_ms != alone.time_ms  # nan: not a bound to solve by
     _direct(monkeypatch)
     assert found == [bounds_mod.setup_bounds(profile, setup) for profile, setup, _ in cases]
 
