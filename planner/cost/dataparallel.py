@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import runtimes, sizedreduce
+from planner.cost import expertsetup, runtimes, sizedreduce
 from planner.errors import UserError
 from planner.schema import Profile, TrainSetup
 
@@ -77,12 +77,8 @@ GB = 1e9
 def expert_setup(setup: TrainSetup) -> TrainSetup:
     """The setup the routed experts' parameters see: dp / E replicas of each expert (its
     expert-data-parallel group), ZeRO over shard groups of K / E where the dense parameters
-    shard over K. The setup itself without expert parallelism."""
-    dp = setup.data_parallel
-    if dp.ep == 1:
-        return setup
-    group = None if dp.shard_group is None else dp.shard_group // dp.ep
-    return setup.model_copy(update={"dp": dp.dp // dp.ep, "ep": 1, "shard_group": group})
+    shard over K. The setup itself without expert parallelism. Made once a setup (expertsetup.py)."""
+    return expertsetup.made(setup)
 
 
 def held_expert_params(expert_count: float, setup: TrainSetup) -> float:

@@ -35,9 +35,10 @@ microbatch's backward through them after it: T >= M R_r + a_r, a_r the r cheapes
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
-from planner.cost import costmodel, splittime
+from planner.cost import costmodel, splittime, termvalues
 from planner.schema import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Profile, TrainSetup
 from planner.solve import replayfit
 
@@ -67,37 +68,52 @@ def kinds(profile: Profile) -> list[tuple[costmodel.LayerCost, int]]:
     return [(layer, count) for layer, count in counts.values()]
 
 
-def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmodel.LayerCost, int]] | None = None
-                 ) -> Bounds:
-    """The memory and time lower bounds of every plan of `setup` (see the module's text)."""
+def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmodel.LayerCost, int]] | None = None,
+                 *, timed: bool = True) -> Bounds:
+    """The memory and time lower bounds of every plan of `setup` (see the module's text). `timed` False: the
+    memory bound alone (time_ms nan; the two share no term, so its memory fields are the timed call's)."""
     layers = layers if layers is not None else kinds(profile)
+    memory = _memory_bounds(profile, setup, layers)
+    if not timed:
+        return memory
     ctx = costmodel.Context(profile, setup)
     # a layer's terms read the pipeline of P·V stages, as evaluate() gives them (costmodel.stages_view): the
     # setup's own P ranks read as stages // chunks ranks, none where V exceeds P (a tied layer's sum)
     of_layer = costmodel.Context(profile, costmodel.stages_view(setup, costmodel.schedule_of(setup)))
     stages, microbatches = setup.pipeline.stages, setup.pipeline.microbatches
-    static = step = compute = kept = 0.0
+    step = compute = 0.0
     cheapest: list[tuple[float, int]] = []  # (a layer's least time, how many such layers)
     for layer, count in layers:
         options = range(len(layer.options))
-        static += count * costmodel.layer_value("static", layer, 0, of_layer)
-        step += count * min(costmodel.layer_value("step", layer, o, of_layer) for o in options)
-        least = min(costmodel.layer_value("time", layer, o, of_layer) + _split_extra_floor(layer, o, of_layer)
-                    for o in options)
+        step += count * min(termvalues.layer_values("step", layer, options, of_layer))
+        times = termvalues.layer_values("time", layer, options, of_layer)  # layer_value's, each option
+        least = min(times[o] + _split_extra_floor(layer, o, of_layer) for o in options)
         compute += count * least
         cheapest.append((least, count))
-        kept += count * costmodel.least_kept_bytes(layer, of_layer)  # TE's window keeps 0 of an offloaded layer
     constant = sum(costmodel.stage_value(q, s, ctx) for s in range(stages) for q in ("time", "comm"))
     work = compute + constant
     if setup.pipeline.schedule in CHUNKED_SCHEDULES:
         time_ms = microbatches * work / stages + max(step, _fill_and_drain(cheapest, setup)) / stages
     else:
         time_ms = work + (microbatches - 1) * work / stages + step / stages
-    # both with the cuBLAS workspaces every rank keeps, as evaluate's allocated peak and its limit hold them
+    return dataclasses.replace(memory, time_ms=max(0.0, time_ms))
+
+
+def _memory_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmodel.LayerCost, int]]) -> Bounds:
+    """setup_bounds' memory fields: the static and kept bytes (TE's window keeps 0 of an offloaded layer) against
+    the limit, both with the cuBLAS workspaces every rank keeps, as evaluate's allocated peak and its limit hold
+    them; time_ms nan."""
+    ctx = costmodel.Context(profile, setup)
+    of_layer = costmodel.Context(profile, costmodel.stages_view(setup, costmodel.schedule_of(setup)))
+    static = kept = 0.0
+    for layer, count in layers:
+        static += count * costmodel.layer_value("static", layer, 0, of_layer)
+        kept += count * costmodel.least_kept_bytes(layer, of_layer)
     cublas = costmodel.cublas_workspaces_bytes(ctx)
-    limit = max(costmodel.limit_bytes(s, _rows_context(profile, setup, ctx)) for s in range(stages)) + cublas
+    rows = _rows_context(profile, setup, ctx)  # once: the replay's relaxed caps read every rank's buffers
+    limit = max(costmodel.limit_bytes(s, rows) for s in range(setup.pipeline.stages)) + cublas
     held = static + (0.0 if setup.pipeline.schedule in CHUNKED_SCHEDULES else max(0.0, _activations(kept, layers, ctx)))
-    return Bounds(time_ms=max(0.0, time_ms), static_bytes=held / stages + cublas, limit_bytes=limit)
+    return Bounds(time_ms=math.nan, static_bytes=held / setup.pipeline.stages + cublas, limit_bytes=limit)
 
 
 def _fill_and_drain(cheapest: list[tuple[float, int]], setup: TrainSetup) -> float:

@@ -309,7 +309,9 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
             outcome.duplicates += 1
             continue
         seen.add(key)
-        candidate = Candidate(degrees, setup, profile, bounds_mod.setup_bounds(profile, setup, layers),
+        # where its own EP's profile bounds its time below, the EP-1 profile's memory bound alone (§43.searchfast)
+        candidate = Candidate(degrees, setup, profile, bounds_mod.setup_bounds(profile, setup, layers,
+                                                                               timed=degrees.ep == first_ep),
                               plan_profile=written if profile is not written else None)
         if candidate.bounds.memory_excess_bytes > 0:
             outcome.pruned_memory += 1
