@@ -147,3 +147,32 @@ def test_a_chain_of_one_kind_is_not_one_run_where_its_last_layer_keeps_its_outpu
     for solver in ("dp", "milp"):
         found = search.plan(profile, setup, solver=solver, mip_gap=0.0, threads=1)
         assert found.cost.feasible and found.cost.iteration_ms == pytest.approx(best, rel=1e-9), solver
+
+
+def test_a_shared_input_larger_than_what_the_layer_before_kept_is_refused_in_one_sentence(tmp_path):
+    """The cost model nets a layer's input_shared_bytes out of the layer before it; a profile whose figure is more
+    than that layer kept (10 x layer 0's 4,096 B) was read, layer 0 charged -36,864 B and stage 0's peak under-said
+    without a word. Now the file is refused, as another invalid profile is; the first layer can share nothing."""
+    import json
+
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    data = json.loads(_profile().model_dump_json())
+    for layer, shared, said in ((1, 10 * 2 * T, "layer 1's input_shared_bytes 40,960 is more than the layer before "
+                                                "it saved (layer 0 keeps 4,096)"),
+                                (0, T, "layer 0's input_shared_bytes 2,048 is more than the layer before it saved "
+                                       "(it is the first layer)")):
+        bad = json.loads(json.dumps(data))
+        bad["layers"][layer]["input_shared_bytes"] = shared
+        path = tmp_path / f"bad{layer}.json"
+        path.write_text(json.dumps(bad))
+        result = CliRunner().invoke(cli, ["solve", "--profile", str(path), "--stages", "2", "--microbatches", "4",
+                                          "--mem", "1GiB", "--out", str(tmp_path / "plan.yaml")])
+        assert result.exit_code != 0 and said in result.output and "Traceback" not in result.output, result.output
+    fine = tmp_path / "fine.json"
+    fine.write_text(json.dumps(data))  # layer 1's 2,048 B, of layer 0's 4,096: read
+    result = CliRunner().invoke(cli, ["solve", "--profile", str(fine), "--stages", "2", "--microbatches", "4",
+                                      "--mem", "1GiB", "--out", str(tmp_path / "plan.yaml")])
+    assert result.exit_code == 0, result.output
