@@ -5,12 +5,14 @@ E2's FP8 block moved by exactly them at their rates (planner/profiler/te_moe.py,
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
+from planner.errors import UserError
 from planner.models import archs
 from planner.models.configs import megatron
 from planner.profiler import analytic_time, te_fused, te_moe, te_moe_eager
@@ -32,7 +34,7 @@ def test_the_flags_say_whether_the_aux_loss_runs():
     assert not megatron.from_pairs(TINY, "t.sh").arch.router_aux_loss  # Megatron-LM's coefficient default is 0
     coeff = [("--moe-aux-loss-coeff", ["0.001"])]
     assert megatron.from_pairs(TINY + coeff, "t.sh").arch.router_aux_loss  # aux_loss is the default type
-    for kind, runs in (("aux_loss", True), ("seq_aux_loss", False), ("none", False), ("sinkhorn", False)):
+    for kind, runs in (("aux_loss", True), ("seq_aux_loss", False), ("none", False)):  # sinkhorn refuses one: below
         job = megatron.from_pairs(TINY + coeff + [("--moe-router-load-balancing-type", [kind])], "t.sh")
         assert job.arch.router_aux_loss is runs
     seq = megatron.from_pairs(TINY + coeff + [("--moe-router-load-balancing-type", ["seq_aux_loss"])], "t.sh")
@@ -117,3 +119,32 @@ def test_the_router_dtype_is_said_and_fp64_beside_the_fusion_refused(tmp_path):
                           + f" {extra} --micro-batch-size 1 --global-batch-size 8\n")
         result = CliRunner().invoke(cli, ["evaluate", "--from-megatron", str(script), "--gpus", "8", "--gpu", "h100"])
         assert result.exit_code != 0 and said in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("pairs, said", [
+    ([("--moe-aux-loss-coeff", ["1e-2x"])], "--moe-aux-loss-coeff '1e-2x' is not a number"),  # argparse's type=float
+    ([("--moe-aux-loss-coeff", ["0.01", "0.02"])], "1 load-balancing type(s)"),
+    ([("--moe-router-load-balancing-type", ["aux_loss", "seq_aux_loss"]), ("--moe-aux-loss-coeff", ["0.01"])],
+     "2 load-balancing type(s) (--moe-router-load-balancing-type, aux_loss if not given) and 1"),
+    ([("--moe-router-load-balancing-type", ["aux_loss", "seq_aux_loss"])], "and 1 --moe-aux-loss-coeff value(s)"),
+    ([("--moe-router-load-balancing-type", ["sinkhorn"]), ("--moe-aux-loss-coeff", ["0.01"])],
+     "Sinkhorn routing asserts the coefficient is 0"),
+])
+def test_a_coefficient_megatron_refuses_is_refused_in_one_sentence(pairs, said, tmp_path):
+    """A coefficient not a float (arguments.py 3292 at 92c8482e), a count other than one a type (transformer_config.py
+    1013-1019) or Sinkhorn beside a coefficient (router.py 233) was read as no aux loss, or its first values zipped."""
+    with pytest.raises(UserError, match=re.escape(said)):
+        megatron.from_pairs(TINY + pairs, "t.sh")
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun pretrain_gpt.py " + " ".join(f"{flag} {' '.join(values)}" for flag, values in TINY + pairs)
+                      + " --micro-batch-size 1 --global-batch-size 8\n")
+    result = CliRunner().invoke(cli, ["evaluate", "--from-megatron", str(script), "--gpus", "8", "--gpu", "h100"])
+    assert result.exit_code != 0 and said in result.output and "Traceback" not in result.output
+
+
+def test_sinkhorn_routing_is_said_not_modelled():
+    job = megatron.from_pairs(TINY + [("--moe-router-load-balancing-type", ["sinkhorn"])], "t.sh")
+    assert not job.arch.router_aux_loss and _said(job, "--moe-router-load-balancing-type")[2] == "not modelled"
+    two = megatron.from_pairs(TINY + [("--moe-router-load-balancing-type", ["aux_loss", "seq_aux_loss"]),
+                                      ("--moe-aux-loss-coeff", ["0.01", "0"])], "t.sh")
+    assert two.arch.router_aux_loss and _said(two, "--moe-router-load-balancing-type")[2] == "modelled"

@@ -120,3 +120,59 @@ def test_a_layers_registered_buffers_are_on_its_stage_all_along():
     plan = costmodel.split_to_stages([0, 2], [0] * 4, profile)
     with_table, without = (costmodel.evaluate(plan, p, setup).peak_bytes_per_stage for p in (profile, bare))
     assert [a - b for a, b in zip(with_table, without)] == [512, 0]
+
+
+def test_a_chain_of_one_kind_is_not_one_run_where_its_last_layer_keeps_its_output():
+    """Five Squash layers, each saving its input (the tanh output the layer before saved) and its own tanh output:
+    every layer but the last is charged net of its output (the next pays it), the last keeps it, so the five are
+    not interchangeable. The MILP took them as one run at the first layer's numbers, 1 MiB a microbatch under
+    evaluate on the stage holding the last, and handed a plan over its cap (SolverMismatch)."""
+    big = 2**20
+
+    def one(name, act, in_act, shared):
+        return LayerProfile(name=name, kind="Squash", fwd_ms=1.0, bwd_ms=2.0, fwd_ms_min=1.0, fwd_ms_max=1.0,
+                            bwd_ms_min=2.0, bwd_ms_max=2.0, act_bytes=act, input_bytes=big, output_bytes=big,
+                            input_in_act_bytes=in_act, input_shared_bytes=shared, param_count=272,
+                            param_bytes=1088, transient_bytes=0, recompute_ms=1.0)
+    profile = profile_of([one("0", 2 * big, big, 0), *(one(str(i), big, 0, big) for i in range(1, 5))])
+    assert [layer.act_bytes for layer in costmodel.layer_costs(profile)] == [big] * 4 + [2 * big]
+    roomy = TrainSetup(stages=2, microbatches=4, micro_batch_size=4, mem_caps_bytes=[2**30] * 2)
+    plans = [costmodel.split_to_stages([0, cut], list(mask), profile) for cut in range(1, 5)
+             for mask in product((0, 1), repeat=5)]
+    # stage 1's cap a little under its peak with layers 2-4 as they run (the last layer's output once)
+    need = costmodel.evaluate(costmodel.split_to_stages([0, 2], [0] * 5, profile), profile, roomy).peak_bytes_per_stage[1]
+    setup = roomy.model_copy(update={"mem_caps_bytes": [2**30, need + costmodel.FIT_MARGIN_BYTES - 300_000]})
+    best = min(cost.iteration_ms for cost in (costmodel.evaluate(plan, profile, setup) for plan in plans)
+               if cost.feasible)
+    for solver in ("dp", "milp"):
+        found = search.plan(profile, setup, solver=solver, mip_gap=0.0, threads=1)
+        assert found.cost.feasible and found.cost.iteration_ms == pytest.approx(best, rel=1e-9), solver
+
+
+def test_a_shared_input_larger_than_what_the_layer_before_kept_is_refused_in_one_sentence(tmp_path):
+    """The cost model nets a layer's input_shared_bytes out of the layer before it; a profile whose figure is more
+    than that layer kept (10 x layer 0's 4,096 B) was read, layer 0 charged -36,864 B and stage 0's peak under-said
+    without a word. Now the file is refused, as another invalid profile is; the first layer can share nothing."""
+    import json
+
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    data = json.loads(_profile().model_dump_json())
+    for layer, shared, said in ((1, 10 * 2 * T, "layer 1's input_shared_bytes 40,960 is more than the layer before "
+                                                "it saved (layer 0 keeps 4,096)"),
+                                (0, T, "layer 0's input_shared_bytes 2,048 is more than the layer before it saved "
+                                       "(it is the first layer)")):
+        bad = json.loads(json.dumps(data))
+        bad["layers"][layer]["input_shared_bytes"] = shared
+        path = tmp_path / f"bad{layer}.json"
+        path.write_text(json.dumps(bad))
+        result = CliRunner().invoke(cli, ["solve", "--profile", str(path), "--stages", "2", "--microbatches", "4",
+                                          "--mem", "1GiB", "--out", str(tmp_path / "plan.yaml")])
+        assert result.exit_code != 0 and said in result.output and "Traceback" not in result.output, result.output
+    fine = tmp_path / "fine.json"
+    fine.write_text(json.dumps(data))  # layer 1's 2,048 B, of layer 0's 4,096: read
+    result = CliRunner().invoke(cli, ["solve", "--profile", str(fine), "--stages", "2", "--microbatches", "4",
+                                      "--mem", "1GiB", "--out", str(tmp_path / "plan.yaml")])
+    assert result.exit_code == 0, result.output

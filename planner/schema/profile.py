@@ -440,6 +440,18 @@ class Profile(Strict):
         return self
 
     @model_validator(mode="after")
+    def _shared_inputs_saved_before(self) -> Profile:
+        """A layer's input_shared_bytes is a storage the layer before it saved and was charged (profiler/saved.py), so
+        no more than that layer's act_bytes, and none for the first layer (the batch): the cost model nets it out of
+        the layer before (planner/cost/layers.py shared_out), which a larger figure would take below zero."""
+        for before, layer in zip([None, *self.layers], self.layers):
+            if layer.input_shared_bytes and (before is None or layer.input_shared_bytes > before.act_bytes):
+                kept = "it is the first layer" if before is None else f"layer {before.name} keeps {before.act_bytes:,}"
+                raise ValueError(f"layer {layer.name}'s input_shared_bytes {layer.input_shared_bytes:,} is more than "
+                                 f"the layer before it saved ({kept})")
+        return self
+
+    @model_validator(mode="after")
     def _tied_layers_exist(self) -> Profile:
         names = {layer.name for layer in self.layers}
         stray = [name for item in self.tied for name in item.layers if name not in names]

@@ -6,8 +6,8 @@ stage's layers and which of them are checkpointed: `ckplan solve --solver milp`,
 Its coefficients are generated from the cost model's description (costmodel.TERMS, read
 through layer_value / edge_value / stage_value by quantity), not retyped here.
 
-Formulation. Consecutive layers of one kind form a run g of n_g interchangeable
-layers (a fully heterogeneous profile has runs of one). Instead of assigning layers
+Formulation. Consecutive layers of one kind and the same numbers (find_runs) form a run g of n_g
+interchangeable layers (a fully heterogeneous profile has runs of one). Instead of assigning layers
 to stages, the program places stage boundaries through prefix counts, so a plan is
 contiguous and in order by construction, and identical layers cost one integer
 instead of many symmetric binaries:
@@ -123,9 +123,15 @@ def _tolerance_bytes(problem: Problem) -> float:
 
 
 def find_runs(layers: list[LayerCost]) -> list[Run]:
+    """Consecutive layers with the same numbers: the kind's and variant's (layers.layer_costs), and what a layer
+    has by its place: the output the next layer pays for (output_shared_bytes: the last of a chain of layers that
+    each save their input, the layer before's saved output, keeps its own whole), its tied sets."""
+    def numbers(layer: LayerCost) -> tuple:
+        return layer.kind, layer.variant, layer.output_shared_bytes, layer.tied, layer.shared_before
+
     runs: list[Run] = []
     for idx, layer in enumerate(layers):
-        if runs and (runs[-1].layer.kind, runs[-1].layer.variant) == (layer.kind, layer.variant):
+        if runs and numbers(runs[-1].layer) == numbers(layer):
             runs[-1] = Run(runs[-1].start, runs[-1].size + 1, runs[-1].layer)
         else:
             runs.append(Run(idx, 1, layer))

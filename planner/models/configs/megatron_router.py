@@ -9,7 +9,11 @@ kernel under the fusion) and attaches it to the probabilities (`MoEAuxLossAutoSc
 `--moe-router-load-balancing-type` (Megatron-LM's default `aux_loss`), the coefficient `--moe-aux-loss-coeff`
 (default 0: no aux loss runs). `Arch.router_aux_loss` says the `aux_loss` type runs; planner/profiler/te_moe.py
 times it. `seq_aux_loss` and `global_aux_loss` (other reshapes, a global count's all-reduce over the data-parallel
-group) and `--moe-z-loss-coeff` (the z-loss's logsumexp over the logits) are listed as not modelled where they run.
+group) and `--moe-z-loss-coeff` (the z-loss's logsumexp over the logits) are listed as not modelled where they run;
+so is `sinkhorn` (`sinkhorn_load_balancing`, router.py 215-247: fp32 Sinkhorn iterations over the logits in place of
+the top-k routing, asserting a coefficient of 0). A coefficient is a float (arguments.py 3292), one a type where two
+or more types are given (transformer_config.py 1013-1019; arguments.py 1084-1087 makes a one-item list a scalar):
+anything else Megatron-LM refuses, and so does ckplan.
 
 `--moe-router-dtype` (fp32 or fp64; default none: the input's dtype, bf16) sets the dtype the router's GEMM writes
 its logits in (`TopKRouter.gating`, router.py 78-101; `RouterGatingLinearFunction`, moe_utils.py 958-980 at
@@ -24,7 +28,7 @@ float64) is listed as not modelled.
 from __future__ import annotations
 
 from planner.errors import UserError
-from planner.models.configs.megatron_args import Flags
+from planner.models.configs.megatron_args import Flags, cast_value
 
 LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 ROUTER_DTYPES = ("fp32", "fp64")  # megatron/training/arguments.py 3248-3250 at 92c8482e
@@ -40,14 +44,24 @@ def router_facts(flags: Flags, *, moe: bool) -> dict:
     if unknown:
         raise UserError(f"--moe-router-load-balancing-type {unknown[0]!r} is not one of Megatron-LM's "
                         f"({', '.join(LOSS_TYPES)}); give one")
+    values = [cast_value("--moe-aux-loss-coeff", coeff, float) for coeff in coeffs]  # argparse's type=float
+    if len(kinds) > 1 and len(values) != len(kinds) or len(kinds) == 1 and len(values) > 1:
+        raise UserError(f"{len(kinds)} load-balancing type(s) (--moe-router-load-balancing-type, aux_loss if not "
+                        f"given) and {len(values)} --moe-aux-loss-coeff value(s): Megatron-LM takes one coefficient "
+                        "a type; give as many")
     dtype = _router_dtype(flags, moe=moe)
     if not moe:
         for flag in ("--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff"):
             _status(flags, flag, "no effect", "a router's loss: a dense model has no router")
         return {}
-    if len(coeffs) == 1:
-        coeffs = coeffs * len(kinds)
-    runs = {kind for kind, coeff in zip(kinds, coeffs) if kind in LOSS_TYPES[:3] and _positive(coeff)}
+    runs = {kind for kind, coeff in zip(kinds, values) if kind in LOSS_TYPES[:3] and coeff > 0}
+    if kinds == ["sinkhorn"]:  # a list of types never routes by Sinkhorn (router.py 500: routing_type == "sinkhorn")
+        if any(values):
+            raise UserError("--moe-router-load-balancing-type sinkhorn with an --moe-aux-loss-coeff does not run: "
+                            "Megatron-LM's Sinkhorn routing asserts the coefficient is 0; drop one of them")
+        _status(flags, "--moe-router-load-balancing-type", "not modelled",
+                "sinkhorn: its fp32 Sinkhorn iterations over the tokens x experts logits, in place of the top-k "
+                "routing charged, are not modelled")
     if runs - {"aux_loss"}:
         _status(flags, "--moe-router-load-balancing-type", "not modelled",
                 f"{', '.join(sorted(runs - {'aux_loss'}))}: its passes over the tokens x experts (global_aux_loss's "
@@ -88,10 +102,3 @@ def _status(flags: Flags, flag: str, status: str, why: str) -> None:
     for i, entry in enumerate(flags.sink):
         if entry[0] == flag:
             flags.sink[i] = (*entry[:2], status, why)
-
-
-def _positive(value: str) -> bool:
-    try:
-        return float(value) > 0
-    except ValueError:
-        return False
