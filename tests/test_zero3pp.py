@@ -90,7 +90,7 @@ HELD_UNDER = {("first", 1): 6_016, ("last", 5, 3): 140}
 # (the other rank of the stage at the usual bytes; §438): [embed, blocks.0-1] at ZeRO 3 peaks at blocks.0's
 # copy-out in the first backward with a third 50,816 B tensor (12,704 parameters x 4, a block's size) beside its
 # all-gather output and blocks.1's reduce-scatter input: gloo's clone of that input, its work not yet let go by
-# gloo's worker thread (§565, §611: 9-11% of synchronous calls on this host): 620,584 B, in the lead's run, this
+# gloo's worker thread (§565, §611: 0.5-11% of synchronous calls on this host): 620,584 B, in the lead's run, this
 # branch's test run and a loaded rerun.
 LATE_HELD = {(3, 3): 26_560}
 # The head alone on the last stage, under load, with part or all of its gathered weights (8,448 B) still held at
