@@ -19,7 +19,11 @@ reduce-scatters a clone of the input (the unit's fp32 gradients) and frees it wh
 work, which a loaded host can delay past the next unit's pre-backward. The tied GPT measured 866,140 against
 864,976 in CI and once in four runs pinned to one core (`taskset -c 0`): blocks.3's 50,816 B clone still held at
 blocks.2's copy-out. Held longer (played at its worst, to the next reduce-scatter), 34,060 B over (tied) and
-25,612 (untied), under the clone; ZeRO 2's 10,500 and 14,340 stay inside its 2%; ZeRO 0 all-reduces in place."""
+25,612 (untied), under the clone; ZeRO 2's 10,500 and 14,340 stay inside its 2%; ZeRO 0 all-reduces in place.
+Inside the call the clone is always there, beside the input and the output, but in place of the unit's unsharded
+gradients, which FSDP2 frees before the call (_fsdp_collectives.py 606) and the prediction charges at that moment:
+the same bytes, the reduce dtype being the parameters' on ckplan's runtime (no mixed-precision policy), so only the
+late part is allowed (§610-§612)."""
 
 from __future__ import annotations
 
@@ -49,6 +53,22 @@ def late_clone_bytes(profile, setup) -> int:
     for unit, count in zip(fsdpunits.unit_of_layers(len(params), units["grouping"], units["tied"]), params):
         sizes[unit] = sizes.get(unit, 0) + count
     return int(max(sizes.values()) * dataparallel.param_bytes(setup).grads)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_the_clone_inside_the_call_takes_the_freed_gradients_bytes(precision):
+    """By hand: under ckplan's record FSDP2 reduces in the parameters' dtype (planner/runtime/mesh.py sets no
+    MixedPrecisionPolicy), so gloo's clone of a unit's reduce-scatter input (the unit's parameters x the reduce
+    dtype) is exactly the unit's unsharded gradients FSDP2 freed before the call (x the weights' dtype), 4 B or 2 B
+    a parameter both: the synchronous clone adds nothing to the post-backward moment (§612); were the reduce dtype
+    wider, the clone would exceed the freed gradients and need its own charge."""
+    from planner.cost import dataparallel
+    from planner.schema import DataParallelSetup, PipelineSetup, TrainingSetup, TrainSetup
+
+    setup = TrainSetup(pipeline=PipelineSetup(stages=1, microbatches=2, micro_batch_size=2, mem_caps_bytes=[2**30]),
+                       data_parallel=DataParallelSetup(dp=2, zero=3), training=TrainingSetup(precision=precision))
+    held = dataparallel.param_bytes(setup)
+    assert held.grads == held.weights == {"fp32": 4, "bf16-mixed": 2}[precision]
 
 
 def test_the_late_clone_is_the_largest_units_fp32_gradients(gpt_profile):

@@ -74,23 +74,31 @@ def _pinned(plan_path, profile_path, cut: int):
                                               for stage, c in zip(stages, cost.stages)]})
 
 
-# What a split measures beyond the bytes explained, traced and not charged (held, not a loosened tolerance): the
-# embedding alone on the first stage peaks 2,944 B above the prediction at its reduce-scatter in the final callback
-# (MemTracker: TEMP 25,600 B, a second tensor of the unit's size beside the input and output not read, §437) on 5
-# runs of 6 at ZeRO 2 and 3, and 6,016 B above in its own backward on the sixth (an earlier reduce-scatter's
-# 10,240 B still held beside it: gloo's completion order, §438); the head alone on the last stage at ZeRO 3 128 B
-# beyond the 12 (§437). Measured in /tmp/zero3split, §41.zero3split.
+# What a split measures beyond the bytes explained, traced and not charged (held, not a loosened tolerance). The
+# embedding alone on the first stage peaks 2,944 B above the prediction inside its reduce-scatter in the final
+# callback, the second microbatch's, in 5 runs of 6 at ZeRO 2 and 3 (§437, §612): live there are the input (10,240 B,
+# the unit's 2,560 parameters x 4), gloo's clone of it (10,240: in place of the unit's unsharded gradients, the
+# same 10,240 B, which FSDP2 frees before the call and the prediction charges at that moment, so the clone adds
+# nothing), the reduce-scatter's output (5,120, beside the first microbatch's shard: not charged) and a 2,048 B
+# gradient the backward made (the position table's size, not read), where the prediction holds 4,224 B more of the
+# microbatches' kept and transient than the run: 5,120 + 2,048 - 4,224 = 2,944. On the sixth, 6,016 B above in the
+# embedding's own backward with an earlier reduce-scatter's 10,240 B still held (gloo's clone held late, §611);
+# the head alone on the last stage at ZeRO 3 128 B beyond the 12 (§437). Measured in /tmp/zero3split
+# (§41.zero3split) and /tmp/glooclone (§43.glooclone).
 HELD_UNDER = {("first", 1): 6_016, ("last", 5, 3): 140}
 # A first stage whose worst rank, under load, peaks one moment later with an earlier collective's buffer still held
 # (the other rank of the stage at the usual bytes; §438): [embed, blocks.0-1] at ZeRO 3 peaks at blocks.0's
-# copy-out in the first backward with a third 50,816 B tensor (blocks.0's size) beside its all-gather output and
-# blocks.1's reduce-scatter input: 620,584 B, in the lead's run, this branch's test run and a loaded rerun.
+# copy-out in the first backward with a third 50,816 B tensor (12,704 parameters x 4, a block's size) beside its
+# all-gather output and blocks.1's reduce-scatter input: gloo's clone of that input, its work not yet let go by
+# gloo's worker thread (§565, §611: 0.5-11% of synchronous calls on this host): 620,584 B, in the lead's run, this
+# branch's test run and a loaded rerun.
 LATE_HELD = {(3, 3): 26_560}
 # The head alone on the last stage, under load, with part or all of its gathered weights (8,448 B) still held at
 # the peak (gloo's completion order, §438; the splits the docstring leaves out move by the same 8,448 B): at
 # dpseg's merge, ZeRO 3 measured 71,192, 73,232 and 79,640 against 71,180 (12 B, then +2,040 and +8,448 more) in
 # loaded runs, ZeRO 2 8,196 over (its usual 252 B under + 8,448) in §42.dpseg's. Above the usual figure by no more
-# than that one tensor: never under, never more.
+# than that one tensor: never under, never more. (8,448 B is also the head's reduce-scatter input's size, 2,112 x 4,
+# and so gloo's clone of it held late, §611: which of the two it was, was not traced.)
 LATE_HELD_LAST = {(5, 3): 12 + 8_448, (5, 2): -252 + 8_448}
 
 
