@@ -203,7 +203,8 @@ class CachingAllocator(SegmentPools):
         block.allocated = True
         self.live[key] = block
         self.allocated += block.size
-        self.allocated_peak = max(self.allocated_peak, self.allocated)
+        if self.allocated > self.allocated_peak:
+            self.allocated_peak = self.allocated
 
     def free(self, key: Hashable, *, deferred: bool = False) -> None:
         block = self.live.pop(key, None)
@@ -262,14 +263,15 @@ def replay(events: Iterable[Event], *, max_split_bytes: int | None = None, expan
 
 def play(state: CachingAllocator, events: Iterable[Event]) -> None:
     """`events` on the allocator's `state`, in order."""
+    malloc, free, ready = state.malloc, state.free, state.ready
     for event in events:
         kind = type(event)
         if kind is Alloc:
-            state.malloc(*event)
+            malloc(*event)
         elif kind is Free:
-            state.free(event[0], deferred=event[1])
+            free(event[0], deferred=event[1])
         elif kind is Ready:
-            state.ready(event[0])
+            ready(event[0])
         else:
             state.sync()
 
