@@ -170,3 +170,24 @@ def test_a_plan_over_its_cap_scores_the_same_with_the_floor_as_with_the_capped_r
     assert skipped  # the floor was asked of some stage past its cap
     verdicts = {stage.cap_replay for stages in scored.values() for stage in stages}
     assert verdicts == {capped_reserve.OOM, capped_reserve.RETRIED, capped_reserve.FITS}
+
+
+def test_the_collector_is_paused_inside_and_as_it_was_after():
+    import gc
+
+    from planner import collector
+
+    assert gc.isenabled()
+    with collector.paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector.paused():
+        raise RuntimeError("a replay that fails")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector.paused():
+            pass
+        assert not gc.isenabled()  # a caller that paused it keeps it paused
+    finally:
+        gc.enable()

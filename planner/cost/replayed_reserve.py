@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from planner import collector
 from planner.cost import (
     capped_reserve,
     loss_records,
@@ -32,6 +33,11 @@ def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profi
     (capped_reserve.under_cap); else as it was (the divisor)."""
     if cost.reserved_bytes is None or setup.pipeline.fragmentation is not None:
         return cost
+    with collector.paused():  # the replay's events and blocks: planner/collector.py
+        return _with_replayed(cost, plan, index, profile=profile, setup=setup)
+
+
+def _with_replayed(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile, setup: TrainSetup) -> StageCost:
     found = _replay_of(cost, plan, index, profile=profile, setup=setup)
     if found is None:
         return cost
