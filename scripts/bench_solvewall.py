@@ -12,7 +12,9 @@ seconds aside).
     .venv/bin/python scripts/bench_solvewall.py --before /tmp/base --after . --repeats 2 \\
         --case "--profile msmall-f.json --mem 80GB --stages 8 --microbatches 16 --precision bf16-mixed" [--json]
 
---before / --after: a tree holding `planner/` (a `git archive` of the commit before, the worktree after).
+--before / --after: a tree holding `planner/` (a `git archive` of each commit). Each solve runs in its tree (`-m` puts
+the working directory before PYTHONPATH on the path, so run elsewhere both would import that one), so give the
+case's files as absolute paths.
 """
 
 from __future__ import annotations
@@ -35,13 +37,22 @@ import yaml
 SOLVER_LINE = re.compile(r"solver: (\w+), (\w+)(?:, gap ([0-9.e+-]+))? in ([0-9.]+) s")
 
 
+def imported_from(tree: Path) -> Path:
+    """Where `python -m planner.cli` run as run_once runs it imports planner from: `-m` puts the working directory
+    first on the path, before PYTHONPATH, so each tree's solve runs in the tree itself."""
+    env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
+    done = subprocess.run([sys.executable, "-c", "import planner; print(planner.__file__)"], env=env, cwd=tree,
+                          capture_output=True, text=True, check=True)
+    return Path(done.stdout.strip()).resolve().parent.parent
+
+
 def run_once(tree: Path, case: str, out: Path) -> dict:
     """One solve of `case` with `tree`'s planner: wall and CPU seconds, the solver's line, the plan's digest."""
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
     command = [sys.executable, "-m", "planner.cli", "solve", *shlex.split(case), "--out", str(out)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - began
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -74,6 +85,9 @@ def main() -> None:
     for tree in (args.before, args.after):
         if not (tree / "planner" / "cli.py").is_file():
             raise SystemExit(f"{tree} holds no planner/cli.py: give a source tree")
+    for tree in (args.before, args.after):
+        if imported_from(tree) != tree.resolve():
+            raise SystemExit(f"{tree}'s solve would import planner from {imported_from(tree)}")
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
     results = []
