@@ -203,7 +203,8 @@ class CachingAllocator(SegmentPools):
         block.allocated = True
         self.live[key] = block
         self.allocated += block.size
-        self.allocated_peak = max(self.allocated_peak, self.allocated)
+        if self.allocated > self.allocated_peak:
+            self.allocated_peak = self.allocated
 
     def free(self, key: Hashable, *, deferred: bool = False) -> None:
         block = self.live.pop(key, None)
@@ -262,16 +263,39 @@ def replay(events: Iterable[Event], *, max_split_bytes: int | None = None, expan
 
 def play(state: CachingAllocator, events: Iterable[Event]) -> None:
     """`events` on the allocator's `state`, in order."""
+    malloc, free, ready = state.malloc, state.free, state.ready
     for event in events:
         kind = type(event)
         if kind is Alloc:
-            state.malloc(*event)
+            malloc(*event)
         elif kind is Free:
-            state.free(event[0], deferred=event[1])
+            free(event[0], deferred=event[1])
         elif kind is Ready:
-            state.ready(event[0])
+            ready(event[0])
         else:
             state.sync()
+
+
+def held_peak(events: Iterable[Event]) -> int:
+    """The most bytes `events` hold live at once, each request rounded as round_size rounds it (block_bytes): a
+    floor under the allocated peak of any replay of them, and so under its reserved peak (a segment holds every
+    block allocated in it, and each block is at least its rounded request), whatever the cap. A replay under a
+    cap that keeps its reserve within it never reserves more than the cap, so under a cap below this floor some
+    request fails (torch's OutOfMemoryError). Deferred frees count as freed (their blocks, waiting, are cached
+    later: still reserved, so the floor holds)."""
+    live: dict[Hashable, int] = {}
+    held = peak = 0
+    for event in events:
+        kind = type(event)
+        if kind is Alloc:
+            size = block_bytes(event[1])
+            if size:
+                live[event[0]] = size
+                held += size
+                peak = max(peak, held)
+        elif kind is Free:
+            held -= live.pop(event[0], 0)
+    return peak
 
 
 def settled_replay(static: Iterable[Event], step: Callable[[int], list[Event]], *, min_steps: int, max_steps: int,

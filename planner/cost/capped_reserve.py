@@ -29,12 +29,14 @@ OOM = "oom"  # a request fails even after the release (torch's OutOfMemoryError)
 
 
 def under_cap(cost: StageCost, replayed: Replayed, *, play: Callable[[int | None], Replayed | None],
-              reserved_of: Callable[[Replayed], int]) -> StageCost:
+              reserved_of: Callable[[Replayed], int], held: Callable[[], int | None] | None = None) -> StageCost:
     """`cost` with the reserve of its replay `replayed` (run without a cap; `reserved_of` makes the stage's reserved
     peak of a replay) where that fits the cap; else with the reserve of `play(room)` (the same replay under `room`
     bytes the allocator may reserve: play(None) is the replay without a cap) under the cap,
     where no request fails there; else with the uncapped reserve. The uncapped reserve is kept
-    (uncapped_reserved_bytes) and cap_replay says which it is."""
+    (uncapped_reserved_bytes) and cap_replay says which it is. `held`: where given, the most bytes the replayed
+    sequence holds live at once (allocator.held_peak; None: not known): above the room, a request fails under it
+    whatever the replay does (held_peak's text), so the replay under the cap is not run, its verdict known."""
     reserved = reserved_of(replayed)
     stage = dataclasses.replace(cost, reserved_bytes=reserved, reserved_by="replay", uncapped_reserved_bytes=reserved,
                                 cap_replay=FITS)
@@ -43,6 +45,9 @@ def under_cap(cost: StageCost, replayed: Replayed, *, play: Callable[[int | None
     beside = reserved - replayed.reserved_peak_bytes  # what the reserve holds past the replay's segments
     room = stage.cap_bytes - stage.workspace_bytes - FIT_MARGIN_BYTES - beside
     if room <= 0:
+        return dataclasses.replace(stage, cap_replay=OOM)
+    floor = held() if held is not None else None
+    if floor is not None and floor > room:
         return dataclasses.replace(stage, cap_replay=OOM)
     capped = play(room)
     if capped is None or capped.oom is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from planner import collector
 from planner.cost import (
     capped_reserve,
     loss_records,
@@ -32,14 +33,19 @@ def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profi
     (capped_reserve.under_cap); else as it was (the divisor)."""
     if cost.reserved_bytes is None or setup.pipeline.fragmentation is not None:
         return cost
+    with collector.paused():  # the replay's events and blocks: planner/collector.py
+        return _with_replayed(cost, plan, index, profile=profile, setup=setup)
+
+
+def _with_replayed(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile, setup: TrainSetup) -> StageCost:
     found = _replay_of(cost, plan, index, profile=profile, setup=setup)
     if found is None:
         return cost
-    play, reserved_of = found
+    play, reserved_of, *held = found
     replayed = play(None)
     if replayed is None:
         return cost
-    return capped_reserve.under_cap(cost, replayed, play=play, reserved_of=reserved_of)
+    return capped_reserve.under_cap(cost, replayed, play=play, reserved_of=reserved_of, held=held[0] if held else None)
 
 
 def replays(setup: TrainSetup) -> bool:
@@ -55,9 +61,10 @@ def replays(setup: TrainSetup) -> bool:
 
 
 def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile, setup: TrainSetup
-               ) -> tuple[Callable[[int | None], Replayed | None], Callable[[Replayed], int]] | None:
+               ) -> tuple[Callable[[int | None], Replayed | None], Callable[[Replayed], int]] | tuple | None:
     """The replay that orders the stage's step, as a function of the bytes the allocator may reserve (None: no
-    cap), and how a replay makes its reserved peak; None where no replay orders it."""
+    cap), and how a replay makes its reserved peak, then (ckplan's step) the most bytes its sequence holds live at
+    once (capped_reserve.under_cap's `held`); None where no replay orders it."""
     if reserve_fsdp2.replays(setup):  # FSDP2's step, on its streams
         # The replay with the optimizer's state made at the first step and the loss's scratch as its tensors,
         # under the allocator the launch ran, is within 10% of every published torchtitan reserve it orders
@@ -87,10 +94,11 @@ def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile
     options = [plan.option(name) for name in plan.layers]
     rate = reserve.host_copy_ms_per_byte(profile, setup) if OPTION_OFFLOAD in options else None
     expandable = reserve_fsdp2.expandable_segments(profile, setup)
-    return (lambda cap: reserve.replay_stage([by_name[name] for name in plan.layers], options, stage=index, setup=setup,
-                                             memory=memory, loss=loss_records.stage_loss(profile, setup),
-                                             copy_ms_per_byte=rate,
-                                             expandable=expandable, cap_bytes=cap), by_peak)
+    layers, loss = [by_name[name] for name in plan.layers], loss_records.stage_loss(profile, setup)
+    return (lambda cap: reserve.replay_stage(layers, options, stage=index, setup=setup, memory=memory, loss=loss,
+                                             copy_ms_per_byte=rate, expandable=expandable, cap_bytes=cap), by_peak,
+            lambda: reserve.held_bytes(layers, options, stage=index, setup=setup, memory=memory, loss=loss,
+                                       copy_ms_per_byte=rate))
 
 
 def reserved_range(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile, setup: TrainSetup

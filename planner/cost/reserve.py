@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.cost import allocator, dataparallel
 from planner.cost.allocator import Alloc, Event, Free, Ready, Replayed
@@ -83,13 +84,15 @@ def records_for(layers: Sequence[LayerProfile], options: Sequence[str]) -> list[
 
 def stage_events(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
                  actions: Sequence[tuple[str, int]], memory: StageMemory, num_microbatches: int,
-                 loss: AllocRecord | None, copy_ms_per_byte: float | None = None) -> list[Event]:
+                 loss: AllocRecord | None, copy_ms_per_byte: float | None = None,
+                 keeps: Sequence[bool] | None = None) -> list[Event]:
     """The stage's step as allocator events: static, then `actions` ((F|B, microbatch), in run
     order), then the optimizer step. `loss`: the last stage's loss record, else None.
     `copy_ms_per_byte`: offload's copies timed at this rate against the layers' fwd_ms and
-    bwd_ms; None: each saved block held until its layer's backward (an upper bound)."""
+    bwd_ms; None: each saved block held until its layer's backward (an upper bound). `keeps`: whether each layer
+    holds its input to its backward (None: _keeps_input of each). Of a layer only fwd_ms and bwd_ms are read here."""
     events = _static_events(records, memory, num_microbatches)
-    step = _Step(layers, options, records, loss, events, copy_ms_per_byte)
+    step = _Step(layers, options, records, loss, events, copy_ms_per_byte, keeps)
     for kind, mb in actions:
         step.forward(mb) if kind == "F" else step.backward(mb)
     events += _scratch_events(records, memory.scratch_bytes)
@@ -101,7 +104,88 @@ def replay_stage(layers: Sequence[LayerProfile], options: Sequence[str], *, stag
                  expandable: bool = False, cap_bytes: int | None = None) -> Replayed | None:
     """The caching allocator's peaks over the stage's step (`expandable`: under expandable segments; `cap_bytes`:
     the bytes it may reserve, None: no cap); None
-    where the layers carry no records or the schedule runs several chunks per rank (not replayed yet)."""
+    where the layers carry no records or the schedule runs several chunks per rank (not replayed yet).
+    A pure function of what the step's events are made from (_StageInputs): a stage whose inputs equal one
+    replayed before gets that replay's result (the solvers score many plans that share a stage)."""
+    inputs = _stage_inputs(layers, options, stage=stage, setup=setup, memory=memory, loss=loss,
+                           copy_ms_per_byte=copy_ms_per_byte)
+    if inputs is None:
+        return None
+    key = (inputs, expandable, cap_bytes)
+    found = _REPLAYED.get(key)
+    if found is None:
+        found = _remember(_REPLAYED, key, allocator.replay(_events_of(inputs), expandable=expandable,
+                                                           cap_bytes=cap_bytes))
+    return found
+
+
+def held_bytes(layers: Sequence[LayerProfile], options: Sequence[str], *, stage: int, setup: TrainSetup,
+               memory: StageMemory, loss: AllocRecord | None, copy_ms_per_byte: float | None = None) -> int | None:
+    """The most bytes the stage's step holds live at once, each request rounded as the allocator rounds it
+    (allocator.held_peak): a floor under its reserved peak under any cap (replay_stage's arguments; None where it
+    replays none)."""
+    inputs = _stage_inputs(layers, options, stage=stage, setup=setup, memory=memory, loss=loss,
+                           copy_ms_per_byte=copy_ms_per_byte)
+    if inputs is None:
+        return None
+    found = _HELD.get(inputs)
+    if found is None:
+        found = _remember(_HELD, inputs, allocator.held_peak(_events_of(inputs)))
+    return found
+
+
+class _StageInputs(NamedTuple):
+    """Everything stage_events reads, as values: equal inputs make equal events. `records` (the layers' records
+    for their options) and `loss` are compared by their content (`contents`), the rest as they are."""
+
+    records: tuple[AllocRecord, ...]
+    loss: AllocRecord | None
+    contents: tuple  # each record's content, then the loss's (None: none)
+    options: tuple[str, ...]
+    times: tuple[tuple[float, float], ...]  # each layer's (fwd_ms, bwd_ms): offload's copies are timed by them
+    keeps: tuple[bool, ...]  # each layer's _keeps_input
+    actions: tuple[tuple[str, int], ...]
+    memory: StageMemory
+    num_microbatches: int
+    copy_ms_per_byte: float | None
+
+    def _key(self) -> tuple:
+        return self[2:]
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _StageInputs) and self._key() == other._key()
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+
+# Replays already made, by their inputs (_StageInputs, expandable, cap), and the held floors: a solve scores a few
+# hundred plans, and each entry is a few thousand small ints of records; past _REMEMBERED the oldest go first.
+_REMEMBERED = 2048
+_REPLAYED: dict = {}
+_HELD: dict = {}
+_EVENTS: dict = {}  # the last stage's events: its replay under a cap (capped_reserve) follows the one without
+
+
+def _remember(memo: dict, key, value):
+    if len(memo) >= _REMEMBERED:
+        del memo[next(iter(memo))]
+    memo[key] = value
+    return value
+
+
+def _record_content(record: AllocRecord | None) -> tuple | None:
+    if record is None:
+        return None
+    return (tuple(record.forward), tuple(record.backward), record.output, record.input_grad, tuple(record.params))
+
+
+def _stage_inputs(layers: Sequence[LayerProfile], options: Sequence[str], *, stage: int, setup: TrainSetup,
+                  memory: StageMemory, loss: AllocRecord | None, copy_ms_per_byte: float | None) -> _StageInputs | None:
+    """What replay_stage's events are made from; None where it replays none."""
     from planner.cost.schedules import build_schedule  # torch's pipelining: only when replaying
 
     records = records_for(layers, options)
@@ -110,11 +194,32 @@ def replay_stage(layers: Sequence[LayerProfile], options: Sequence[str], *, stag
         return None
     order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages,
                            num_microbatches=replayed_microbatches(pipeline, stage))
-    actions = [(a.kind, a.microbatch) for a in order.actions[stage]]
-    events = stage_events(layers, options, records, actions=actions, memory=memory,
-                          num_microbatches=pipeline.microbatches, loss=loss if stage == pipeline.stages - 1 else None,
-                          copy_ms_per_byte=copy_ms_per_byte)
-    return allocator.replay(events, expandable=expandable, cap_bytes=cap_bytes)
+    loss = loss if stage == pipeline.stages - 1 else None
+    return _StageInputs(
+        records=tuple(records), loss=loss, contents=(*map(_record_content, records), _record_content(loss)),
+        options=tuple(options), times=tuple((layer.fwd_ms, layer.bwd_ms) for layer in layers),
+        keeps=tuple(_keeps_input(*found) for found in zip(layers, options, records, strict=True)),
+        actions=tuple((a.kind, a.microbatch) for a in order.actions[stage]), memory=memory,
+        num_microbatches=pipeline.microbatches, copy_ms_per_byte=copy_ms_per_byte)
+
+
+def _events_of(inputs: _StageInputs) -> list[Event]:
+    """The stage's events (stage_events) from its inputs alone; the last made kept for the replay that follows."""
+    events = _EVENTS.get(inputs)
+    if events is None:
+        _EVENTS.clear()
+        events = _EVENTS[inputs] = stage_events(
+            [_Times(*times) for times in inputs.times], inputs.options, inputs.records, actions=inputs.actions,
+            memory=inputs.memory, num_microbatches=inputs.num_microbatches, loss=inputs.loss,
+            copy_ms_per_byte=inputs.copy_ms_per_byte, keeps=inputs.keeps)
+    return events
+
+
+class _Times(NamedTuple):
+    """What the step's passes read of a layer beyond its record and whether it keeps its input."""
+
+    fwd_ms: float
+    bwd_ms: float
 
 
 def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:
@@ -203,8 +308,10 @@ class _Step(RecordPlayer):
     recorded allocation is (mb, layer index or "loss", id); a copy back ("back", mb, i, id)."""
 
     def __init__(self, layers, options, records, loss: AllocRecord | None, events: list[Event],
-                 copy_ms_per_byte: float | None = None) -> None:
+                 copy_ms_per_byte: float | None = None, keeps: Sequence[bool] | None = None) -> None:
         self.layers, self.options, self.records, self.loss, self.events = layers, options, records, loss, events
+        # whether each layer holds its input to its backward (None: _keeps_input of each)
+        self.keeps = keeps if keeps is not None else [_keeps_input(*found) for found in zip(layers, options, records)]
         self.offloaded: list[tuple] = []  # saved blocks waiting for their copy out, in issue order
         self.saved: dict[tuple, list[tuple]] = {}  # (mb, layer) -> its offloaded blocks' keys
         # the copies' clock (timed): the compute stream's time, each copy stream's, each copy out's end
@@ -213,11 +320,11 @@ class _Step(RecordPlayer):
         self.done: dict[tuple, float] = {}
 
     def forward(self, mb: int) -> None:
-        for i, (layer, option, record) in enumerate(zip(self.layers, self.options, self.records)):
+        for i, (layer, record) in enumerate(zip(self.layers, self.records)):
             self._ready_by(self.now)
             self._play(record.forward, (mb, i), start=0)
             started, self.now = self.now, self.now + layer.fwd_ms
-            if i > 0 and not _keeps_input(layer, option, record):
+            if i > 0 and not self.keeps[i]:
                 self._free_output(mb, i - 1)
             self._after_forward(mb, i, started)
         if self.loss is not None:
@@ -250,7 +357,7 @@ class _Step(RecordPlayer):
         if self.loss is not None:
             grad = self._loss_backward(mb)
         for i in range(last, -1, -1):
-            layer, option, record = self.layers[i], self.options[i], self.records[i]
+            layer, record = self.layers[i], self.records[i]
             self._ready_by(self.now)
             back = self._reloads(mb, i)
             self._play(record.backward, (mb, i), start=_count(record.forward), rename=back)
@@ -261,7 +368,7 @@ class _Step(RecordPlayer):
             self.events += [Free(key) for key in back.values()]  # copies back not freed yet (a no-op if freed)
             if i == last:
                 self._free_output(mb, i)  # the stage's output leaves fwd_cache
-            if i > 0 and _keeps_input(layer, option, record):
+            if i > 0 and self.keeps[i]:
                 self._free_output(mb, i - 1)
             grad = (mb, i, record.input_grad) if record.input_grad else None
         if grad is not None:  # the stage's input gradient, sent
