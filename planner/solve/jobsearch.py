@@ -137,7 +137,7 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
         fields["host_step_ns_per_param"] = profile.host_step_ns_per_param[options.optimizer]
     fields["cp_comm"] = options.training.get("cp_comm") if degrees.cp > 1 else None
     domain = options.nvlink_domain or options.gpus_per_node
-    if dp > 1:
+    if dp > 1 or degrees.offload:  # evaluate's rule (setup_options): the host's link wherever the optimizer is there
         fields.update(_links(profile, dataclasses.replace(degrees, dp=dp), domain, host=options.gpus_per_node))
     fields.update(_links_of_comm(profile, degrees, domain, host=options.gpus_per_node))
     if degrees.tp > 1:
@@ -176,7 +176,9 @@ def _links(profile: Profile, degrees: Degrees, gpus_per_node: int, *, host: int)
     return dict(shard_gb_per_s=network_rate.collective_rate(gpu, shards, degrees.tp, gpus_per_node),
                 replica_gb_per_s=network_rate.collective_rate(gpu, max(1, degrees.dp // shards), degrees.tp * shards,
                                                               gpus_per_node),
-                host_gb_per_s=gpu.host_link_gb_per_s, devices_per_node=host,
+                # shared per switch uplink as links.default_links shares it for evaluate (§43.dsgap)
+                host_gb_per_s=gpu.host_link_gb_per_s / links.host_sharing(
+                    gpu, host, degrees.pp * degrees.dp * degrees.tp), devices_per_node=host,
                 **nccl_buffers.gpu_fields(profile, gpu),
                 ep_gb_per_s=experts if degrees.ep > 1 else None,
                 dp_notes=[f"{gpu.name}, {gpus_per_node} GPUs a node, tp {degrees.tp}: groups within a node at "
