@@ -11,17 +11,10 @@ from pathlib import Path
 from planner.units import format_bytes, format_ms
 
 
-def model_flops_per_sequence(arch, seq_len: int) -> float | None:
-    """Model FLOPs of one sequence's forward and backward: 3 x the forward's matmuls (as
-    frameworks count MFU: no recompute), from the analytic profiler's formulas (Narayanan et
-    al. 2021 §5.1); None for a profile without its architecture."""
-    if arch is None:
-        return None
-    from planner.profiler.formulas import Shape, block_flops, head_flops
-
-    shape = Shape(seq_len=seq_len, micro_batch_size=1)
-    blocks = sum(block_flops(arch.layer(i), shape, moe=arch.is_moe_layer(i)) for i in range(arch.num_layers))
-    return 3.0 * (blocks + head_flops(arch, shape))
+def mfu_named(runtime: str) -> str:
+    """Whose MFU the search prints: the figure the runtime logs (planner/profiler/throughput.py: torchtitan's
+    metrics.py under torchtitan, Megatron-LM's num_floating_point_operations elsewhere), as evaluate prints it."""
+    return "torchtitan" if runtime == "torchtitan" else "Megatron-LM"
 
 
 @dataclass
@@ -100,7 +93,7 @@ class Report:
     def __init__(self, outcome, compared, *, job, options, gpu, arch, seq_len, global_batch, out):
         self.outcome, self.job, self.options, self.gpu, self.out = outcome, job, options, gpu, out
         self.seq_len, self.global_batch = seq_len, global_batch
-        self.flops = model_flops_per_sequence(arch, seq_len)
+        self.arch = arch
         self.rows = [solved_row(s, i) for i, s in enumerate(outcome.ranked)]
         self.others = [scored_row(s) for s in compared]
 
@@ -112,10 +105,14 @@ class Report:
         return self.global_batch * self.seq_len / (row.iteration_ms / 1e3) / self.job.gpus
 
     def mfu(self, row: Row) -> float | None:
-        if row.iteration_ms is None or self.flops is None:
+        """The MFU the runtime logs for this iteration (mfu_named), as evaluate's throughput line gives it."""
+        if row.iteration_ms is None or self.arch is None:
             return None
-        achieved = self.flops * self.global_batch / (row.iteration_ms / 1e3) / self.job.gpus
-        return achieved / (self.gpu.bf16_tflops * 1e12)
+        from planner.profiler.throughput import throughput
+
+        found = throughput(iteration_ms=row.iteration_ms, tokens_per_iteration=self.global_batch * self.seq_len,
+                           gpus=self.job.gpus, peak_tflops=self.gpu.bf16_tflops, arch=self.arch, seq_len=self.seq_len)
+        return found.torchtitan_mfu if mfu_named(self.options.runtime) == "torchtitan" else found.megatron_mfu
 
     def differs(self, index: int) -> str:
         from planner.solve.degrees import differences
@@ -136,7 +133,8 @@ class Report:
 
         title = (f"ckplan search: {self.job.gpus} x {self.gpu.name}, batch {self.global_batch} x {self.seq_len} "
                  f"tokens, {self.options.runtime}'s runtime")
-        columns = ["#", "configuration", "iteration", "tok/s/GPU", "MFU", "reserved", "% card"]
+        columns = ["#", "configuration", "iteration", "tok/s/GPU", f"MFU ({mfu_named(self.options.runtime)}'s)",
+                   "reserved", "% card"]
         rows = [self._cells(row) for row in self.rows]
         if rows:
             console.print(table(title, columns, rows, right_from=2, whole=(), wrap=("configuration",)))
@@ -189,6 +187,7 @@ class Report:
             return {"name": row.name, "degrees": row.degrees.as_dict() if row.degrees is not None else None,
                     "iteration_ms": row.iteration_ms, "fits": row.fits, "bound_ms": row.bound_ms,
                     "tokens_per_s_per_gpu": self.tokens_per_gpu_s(row), "mfu": self.mfu(row),
+                    "mfu_of": mfu_named(self.options.runtime),
                     "device_bytes_max": row.device_bytes, "cap_bytes": row.cap_bytes,
                     "recomputing_layers": row.recomputed, "note": row.note or None, "source": row.source or None,
                     "why_not": row.why_not or None,
@@ -205,17 +204,18 @@ class Report:
                        "pruned_bubble": o.pruned_bubble, "solved": o.solved,
                        "solved_without_plan": o.solved_without_plan, "profiles": o.profiles,
                        "unexplored": o.unexplored, "not_solved": len(o.unsolved), "solved_early": o.solved_early,
+                       "best_unsolved_bound_ms": best_unsolved_ms(o),
                        "complete": o.complete,
                        "wall_s": o.wall_s},
             "ranked": ranked, "compared": [one(row) for row in self.others]}, indent=2)
 
 
 def _early(o) -> str:
-    """The solves run while profiles were still built (half the limit gone, nothing ranked yet)."""
+    """The solves run while the enumeration still ran (under a limit, in bound order, half its time to each)."""
     if not o.solved_early:
         return ""
-    return (f"; {o.solved_early} of them the best bound kept when half of --time-limit had gone to profiles, "
-            "solved before the rest were built")
+    return (f"; {o.solved_early} of them solved in bound order while the enumeration ran, half the time spent "
+            "to each")
 
 
 def _bubble(o) -> str:
@@ -224,11 +224,25 @@ def _bubble(o) -> str:
 
 
 def _left(o) -> str:
-    """What a search cut short by its deadline left: configurations never reached (neither profiled nor bounded)
-    and those that passed the memory bound without a solve."""
+    """What a search cut short by its deadline left: configurations never reached (neither profiled nor bounded),
+    those bounded below the bar and not solved, and the best bound among them against the best time found (the
+    gap the user is left with)."""
     unexplored = (f"{o.unexplored} configurations not explored, the deadline passing before them "
                   f"(profiles built: {o.profiles}); " if o.unexplored else "")
-    return f"{unexplored}{len(o.unsolved)} passing the memory bound not solved"
+    bound = best_unsolved_ms(o)
+    if bound is None:
+        gap = ""
+    elif o.ranked:
+        gap = (f", the best of them bounded at {format_ms(bound)} against {format_ms(o.ranked[0].iteration_ms)} "
+               "found")
+    else:
+        gap = f", the best of them bounded at {format_ms(bound)}"
+    return f"{unexplored}{len(o.unsolved)} passing the memory bound not solved{gap}"
+
+
+def best_unsolved_ms(o) -> float | None:
+    """The least time bound among the configurations left unsolved: no plan left could be faster."""
+    return min((c.bounds.time_ms for c in o.unsolved), default=None)
 
 
 def _stages(solved) -> list[dict]:

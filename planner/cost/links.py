@@ -72,6 +72,12 @@ class Links:
     ep_gb_per_s: float | None = None  # the tokens' all-to-all in an expert-parallel group; None: no ep
 
 
+def host_sharing(gpu, host: int, ranks: int) -> int:
+    """The GPUs copying to the host through one PCIe switch's uplink (GPU.gpus_per_host_switch), no more than a
+    host's GPUs nor the job's ranks: each one's host copies run at host_link_gb_per_s over it."""
+    return max(1, min(gpu.gpus_per_host_switch, host, ranks))
+
+
 def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, ep: int = 1,
                   gpus_per_node: int | None = None, given: dict[str, float | None] | None = None,
                   nics_per_gpu: float | None = None, nvlink_domain: int | None = None) -> Links:
@@ -117,7 +123,7 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
     # an all-to-all: NCCL's NVLink rate, else the link's; none without expert parallelism (a group of one rank
     # tp apart is "across nodes" where tp passes a node, and has no all-to-all rate)
     experts, experts_where = link(ep, "--ep-bandwidth", ring=False) if ep > 1 else (None, "")
-    sharing = min(gpu.gpus_per_host_switch, host, stages * dp * tp)  # the GPUs copying through one switch's uplink
+    sharing = host_sharing(gpu, host, stages * dp * tp)
     host_rate, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s / sharing), (
         "--host-bandwidth" if "--host-bandwidth" in given else
         gpu.host_link_kind + (f", {sharing} GPUs a switch's uplink" if sharing > 1 else ""))
