@@ -325,7 +325,7 @@ def test_the_milps_rows_peak_as_evaluate_scores_a_plan(changes):
         stages = costmodel.split_to_stages([0, cut], [mask >> i & 1 for i in range(3)], profile)
         cost = costmodel.evaluate(stages, profile, setup)
         problem = milp.build_problem(profile, setup, objective="memory")
-        threads = highs._scheduler_threads(1)
+        threads = highs.scheduler_threads(1)
         values = milp.start_values(problem, stages, threads=threads)
         for var in problem.lp.variables():
             if not var.name.startswith(("T_", "scale")):
@@ -388,7 +388,7 @@ def test_the_milps_rank_step_end_row_is_evaluates_step_end(schedule):
     stages = costmodel.split_to_stages([0, 1, 2, 3], [0, 0, 0, 0], profile)
     cost = costmodel.evaluate(costmodel.ranks_of(stages, setup), profile, setup)
     problem = milp.build_problem(profile, setup, objective="memory")
-    threads = highs._scheduler_threads(1)
+    threads = highs.scheduler_threads(1)
     values = milp.start_values(problem, stages, threads=threads)
     for var in problem.lp.variables():
         if not var.name.startswith(("T_", "U_", "scale")):

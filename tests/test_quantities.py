@@ -98,7 +98,7 @@ def test_the_milps_rows_agree_with_the_accumulator(cuts, mask):
     stages = costmodel.split_to_stages([0, *cuts], [mask >> i & 1 for i in range(5)], profile)
     cost = costmodel.evaluate(stages, profile, s)
     problem = milp.build_problem(profile, s, objective="memory")
-    threads = highs._scheduler_threads(1)  # HiGHS runs only with the threads its first solve in the process asked
+    threads = highs.scheduler_threads(1)  # HiGHS runs only with the threads its first solve in the process asked
     values = milp.start_values(problem, stages, threads=threads)
     assert values is not None
     free = ("T_", "scale", "U_")
@@ -149,7 +149,7 @@ def test_the_milps_rank_rows_agree_with_the_evaluator(schedule, cuts, mask, late
     ranks = costmodel.ranks_of(stages, s)
     cost = costmodel.evaluate(ranks, profile, s)
     problem = milp.build_problem(profile, s, objective="memory")
-    threads = highs._scheduler_threads(1)
+    threads = highs.scheduler_threads(1)
     values = milp.start_values(problem, stages, threads=threads)
     assert values is not None
     free = ("T_", "scale", "U_", "V_")

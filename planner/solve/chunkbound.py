@@ -46,7 +46,7 @@ from planner.cost import chunked, costmodel, pipereduce, runtimes, schedules, st
 from planner.cost.rules import compute_ms
 from planner.cost.schedule_time import warmup_forwards
 from planner.schema import Profile, TrainSetup
-from planner.solve.highs import without_banner
+from planner.solve.highs import scheduler_threads, without_banner
 
 SCHEDULES = ("interleaved-1F1B",)  # a full backward's order without pairs: B's chain is the drain's
 
@@ -245,6 +245,9 @@ def least_makespan_ms(order, forward: list[float], backward: list[float], counts
     without_banner()  # stdout is `ckplan search --json`'s
     solver = highspy.Highs()
     solver.setOptionValue("output_flag", False)
+    threads = scheduler_threads(None)  # HiGHS's one scheduler a process: a later MILP's threads must be these
+    if threads is not None:
+        solver.setOptionValue("threads", threads)
     solver.passModel(lp)
     solver.run()
     if solver.getModelStatus() != highspy.HighsModelStatus.kOptimal:

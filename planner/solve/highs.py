@@ -108,8 +108,9 @@ class _HiGHS(pulp.HiGHS):
 _SCHEDULER: list[int | None] = []  # the threads HiGHS's scheduler was made with, once it is
 
 
-def _scheduler_threads(threads: int | None) -> int | None:
-    """The threads every solve in this process asks HiGHS for: those of the first solve."""
+def scheduler_threads(threads: int | None) -> int | None:
+    """The threads every solve in this process asks HiGHS for: those of the first solve (a MILP's through
+    solve(), or an LP's made with highspy directly, as chunkbound's)."""
     if not _SCHEDULER:
         _SCHEDULER.append(threads)
     return _SCHEDULER[0]
@@ -130,7 +131,7 @@ def solve(
     # HiGHS keeps one thread scheduler per process, made by its first solve, and a later solve
     # that asks for other threads does not run (it hands back the start as "feasible", or no
     # solution at all): every solve asks for the threads the first one did
-    threads = _scheduler_threads(threads)
+    threads = scheduler_threads(threads)
     values = start_values(problem, start, threads=threads) if start else None
     solver = _HiGHS(msg=log, timeLimit=time_limit_s, gapRel=mip_gap, threads=threads, start=values)
     started = time.perf_counter()
