@@ -360,3 +360,11 @@ def test_the_transformers_backend_is_pointed_to_its_hub_models_config(tmp_path):
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "Hugging Face's Qwen/Qwen3-4B-Instruct-2507" in said and "--hf-config config.json" in said
     assert "flavor debugmodel overrides" in said
+
+
+def test_a_floor_division_by_zero_gets_one_sentence(tmp_path):
+    path = tmp_path / "zero.py"
+    path.write_text("def cfg():\n    steps = 1000 // 0\n    return Trainer.Config(training=TrainingConfig(steps=steps))\n")
+    result = run("evaluate", "--from-torchtitan", f"{path}:cfg", "--gpus", "8")
+    assert result.exit_code != 0 and "line 2: 1000 // 0 divides by zero" in " ".join(result.output.split())
+    assert len(result.output.strip().splitlines()) <= 3

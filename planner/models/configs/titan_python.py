@@ -273,6 +273,9 @@ class _Reader:
         if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
             left, right = self._value(node.left, env), self._value(node.right, env)
             if _number(left) and _number(right):
+                if isinstance(node.op, ast.FloorDiv) and right == 0:  # Python raises ZeroDivisionError there
+                    raise UserError(f"{self.where}, line {node.lineno}: {ast.unparse(node)} divides by zero, so the "
+                                    "config does not run; give the value it means")
                 return _ARITHMETIC[type(node.op)](left, right)
         if isinstance(node, ast.Name) and node.id in env and env[node.id] != "config":
             return env[node.id]
