@@ -109,7 +109,9 @@ class _Reader:
         if data is None:
             raise UserError(f"{self.where}: {function} returns no Trainer.Config this reader can follow")
         if depth == 0:  # the default said, since it changes the step (planner/emit/titan_keys.py graphs_line)
-            data.setdefault("training", {}).setdefault("disable_cuda_graphs", False)
+            training = data.setdefault("training", {})
+            if isinstance(training, dict):  # else a section held as written (a helper's call, not followed)
+                training.setdefault("disable_cuda_graphs", False)
             if self.unfollowed:
                 data.setdefault("python", {}).update(self.unfollowed)
         return data
