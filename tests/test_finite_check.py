@@ -52,6 +52,16 @@ def test_the_check_allocates_scalars_only(dtype):
     assert _largest_allocation(lambda v: torch.isfinite(v.sum(dtype=torch.float64)), value) == 8 * value.numel()
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_a_float8_value_is_checked(dtype):
+    """torch has no aminmax for float8 (NotImplementedError on CPU, torch 2.13): read through bf16."""
+    value = torch.ones(4, 8).to(dtype)
+    assert _finite(value)
+    broken = torch.ones(4, 8)
+    broken[2, 3] = float("nan")
+    assert not _finite(broken.to(dtype))
+
+
 def test_an_empty_tensor_and_a_scalar_are_checked():
     assert _finite(torch.empty(0)) and _finite(torch.tensor(2.0))
     assert not _finite(torch.tensor(float("nan"))) and not _finite(torch.ones(3, 5).t() / 0)  # non-contiguous, infinite

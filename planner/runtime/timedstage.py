@@ -32,6 +32,8 @@ def _finite(value) -> bool:
     if isinstance(value, torch.Tensor):
         if not value.is_floating_point() or value.numel() == 0:  # aminmax refuses an empty tensor
             return True
+        if value.element_size() == 1:  # float8: no aminmax kernel; bf16 holds its range, NaN and infinity
+            value = value.to(torch.bfloat16)
         low, high = torch.aminmax(value)
         return bool(torch.isfinite(low) & torch.isfinite(high))
     if isinstance(value, tuple | list):
