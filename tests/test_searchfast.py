@@ -84,6 +84,35 @@ def test_reads_option_is_read_from_the_rows_code():
     assert not reads(rows["optimizer step, gradient reduction, weight gathers, tied sums"].value)
 
 
+def _as_cpython_313(instructions):
+    """The instructions as CPython 3.13 emits them: two LOAD_FASTs in a row one LOAD_FAST_LOAD_FAST, whose argval
+    dis gives as the pair of names (Lib/dis.py; docs/framework-facts.md §656)."""
+    merged = []
+    for instruction in instructions:
+        if merged and instruction.opname == merged[-1].opname == "LOAD_FAST":
+            merged[-1] = merged[-1]._replace(opname="LOAD_FAST_LOAD_FAST", argval=(merged[-1].argval, instruction.argval))
+        else:
+            merged.append(instruction)
+    return merged
+
+
+def test_an_option_named_in_a_pair_of_loads_is_read(monkeypatch):
+    """`f(layer, ckpt)` loads both in one instruction from CPython 3.13 on: the option is read there too."""
+    import dis
+
+    plain = dis.get_instructions
+    monkeypatch.setattr(dis, "get_instructions", lambda code: _as_cpython_313(plain(code)))
+
+    def reading(layer, ckpt, ctx):
+        return max(layer, ckpt)
+
+    def not_reading(layer, ckpt, ctx):
+        return max(layer, ctx)
+
+    assert any(i.opname == "LOAD_FAST_LOAD_FAST" for i in dis.get_instructions(reading.__code__))
+    assert termvalues.reads_option(reading) and not termvalues.reads_option(not_reading)
+
+
 def test_a_row_that_does_not_read_its_option_gives_one_value_under_each():
     """Brute force over every layer row the code says ignores its option, every layer, six configurations and
     two runtimes: the same value at every option."""

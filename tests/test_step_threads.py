@@ -65,3 +65,31 @@ def test_a_plan_charges_the_step_at_the_threads_its_launch_gives(two_thread_prof
         assert stage.predicted.step_ms == pytest.approx(expected) == pytest.approx(at_threads)
     profiled = plan.setup.model_copy(update={"rank_threads": None})
     assert layer_step_ms(costs["0"], profiled) == dict(costs["0"].step_ms)["adam"]
+
+
+def test_calibrate_fits_a_run_against_the_step_at_the_runs_threads():
+    """A plan solved for two threads a rank, run (and calibrated) with one: the fit scores the run with the step
+    at one thread, as apply() later charges it, so the action cost it finds gives back the run's iteration. Fitted
+    at the plan's two threads (5 ms a step against 0.05) the action cost came out 0 and the compute scale 0.987, the
+    step's difference folded into it (455.9 ms predicted after the fit against the run's 449.9)."""
+    from planner.commands.calibrate import placed
+    from planner.cost import costmodel
+    from planner.measure import calibrate
+    from planner.models.synthetic import uniform_blocks
+    from planner.schema import DeviceInfo, TrainSetup
+
+    blocks = uniform_blocks(4)
+    layers = [layer.model_copy(update={"step_ms": {"adam": 5.0}, "step_thread_ms": {1: {"adam": 0.05}}})
+              for layer in blocks.layers]
+    profile = blocks.model_copy(update={"layers": layers, "device": DeviceInfo(type="cpu", name="cpu", threads=2)})
+    solved = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, mem_caps_bytes=[2**40] * 2, rank_threads=2)
+    stages = costmodel.split_to_stages([0, 3], [False] * len(layers), profile)
+    ran = costmodel.evaluate(stages, profile, solved.model_copy(update={"rank_threads": 1, "action_overhead_ms": 0.3}))
+    sample = calibrate.PipelineSample(stages=stages, stage_ms=[stage.time_ms for stage in ran.stages],
+                                      iteration_ms=ran.iteration_ms)
+    setup = placed(calibrate.uncalibrated(solved), threads=1, cores=64)
+    assert setup.time.rank_threads == 1
+    fit, overhead = calibrate.fit_placement(sample, profile, setup, ranks=2, threads=1, cores=64, plan="plan.yaml",
+                                            action_overhead_ms=None)
+    assert overhead == pytest.approx(0.3, rel=1e-6) and fit.compute_scale == pytest.approx(1.0)
+    assert fit.predicted_after_ms == pytest.approx(sample.iteration_ms, rel=1e-9)

@@ -360,3 +360,27 @@ def test_the_transformers_backend_is_pointed_to_its_hub_models_config(tmp_path):
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "Hugging Face's Qwen/Qwen3-4B-Instruct-2507" in said and "--hf-config config.json" in said
     assert "flavor debugmodel overrides" in said
+
+
+def test_a_training_section_a_helper_builds_is_listed_not_a_traceback(tmp_path):
+    """`training=_training()` (a helper returning a TrainingConfig, not followed): the section held as written, said
+    as a key the prediction leaves out; the default cuda-graphs key, set only in a section that is a table."""
+    family = tmp_path / "llama3"
+    family.mkdir()
+    path = family / "config_registry.py"
+    path.write_text("def _training() -> TrainingConfig:\n"
+                    "    return TrainingConfig(steps=100, local_batch_size=8, seq_len=2048)\n\n\n"
+                    "def cfg() -> Trainer.Config:\n"
+                    "    return Trainer.Config(model_spec=model_registry(\"8B\"), training=_training())\n")
+    result = run("evaluate", "--from-torchtitan", f"{path}:cfg", "--gpus", "8", "--gpu", "h100")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "training │ _training(...) │ not a key this reader knows" in said
+
+
+def test_a_floor_division_by_zero_gets_one_sentence(tmp_path):
+    path = tmp_path / "zero.py"
+    path.write_text("def cfg():\n    steps = 1000 // 0\n    return Trainer.Config(training=TrainingConfig(steps=steps))\n")
+    result = run("evaluate", "--from-torchtitan", f"{path}:cfg", "--gpus", "8")
+    assert result.exit_code != 0 and "line 2: 1000 // 0 divides by zero" in " ".join(result.output.split())
+    assert len(result.output.strip().splitlines()) <= 3

@@ -153,3 +153,17 @@ def test_torchtitans_rl_controller_is_refused_for_what_it_is(tmp_path):
         said = " ".join(result.output.split())
         assert result.exit_code != 0 and "Traceback" not in result.output and said.count("Error:") == 1
         assert "returns Controller.Config(...), torchtitan's RL loop" in said and "PolicyTrainer.Config" in said
+
+
+def test_a_command_or_arithmetic_never_closed_names_the_file_and_line(tmp_path):
+    """An unclosed `$(` was refused without saying where ("a '$(' is never closed"); inside a `${...}` default too."""
+    from planner.models.configs.bashscan import brace_end, matching
+
+    assert matching("$(date", 1) == -1 and brace_end('${A:-"$(date"}', 0) == -1
+    for line, opened in (("N=$(nproc\n", "$("), ("N=$((2 * 4)\n", "$(("), ('D=${A:-"$(date"}\n', "${")):
+        path = tmp_path / "train.sh"
+        path.write_text("#!/bin/bash\n" + line + "torchrun pretrain_gpt.py --num-layers 2\n")
+        result = run("evaluate", "--from-megatron", path, "--gpus", "8")
+        said = " ".join(result.output.split())
+        assert result.exit_code != 0 and "Traceback" not in result.output
+        assert f"{path}, line 2: '{opened}' is never closed" in said, said

@@ -195,13 +195,16 @@ def costmodel_shares(setup) -> bool:
 
 def placed(setup, *, threads: int, cores: int, device: str = "cpu"):
     """The setup with the stages that compute at once for this placement (CPU ranks of
-    `threads` threads sharing `cores`; on GPUs all of them)."""
+    `threads` threads sharing `cores`; on GPUs all of them), and on CPU the optimizer step at the
+    ranks' `threads` (rank_threads), as calibrate.threaded and calibrate.apply charge it: the
+    constants are fitted to the run against the step the run took."""
     from planner.placement import stages_at_once
 
     if device == "cuda":
         return setup.model_copy(update={"parallel_stages": None})
     return setup.model_copy(update={"parallel_stages": stages_at_once(cores=cores, threads=threads,
-                                                                      stages=setup.pipeline.stages, dp=setup.data_parallel.dp)})
+                                                                      stages=setup.pipeline.stages, dp=setup.data_parallel.dp),
+                                    "rank_threads": threads})
 
 
 def print_fit(calibration, plan, profile, report, *, threads: int, source: str) -> None:

@@ -11,9 +11,11 @@ from pathlib import Path
 from planner.commands.config_checks import check_ep, check_microbatches, microbatches_of
 from planner.errors import UserError
 
-# torchtitan's FLOPs per token (torchtitan/models/utils.py get_dense_model_nparams_and_flops, read at
-# 238fa9953e4a): 6 x parameters without the token embedding + 12 x layers x heads x head_dim x seq_len;
-# MFU against the GPU's dense BF16 peak (planner/models/gpus.py), as its metrics.py divides.
+# The MFU the job's own framework logs (planner/profiler/throughput.py, as the search prints it: search_report.mfu_named):
+# torchtitan's FLOPs per token (torchtitan/models/utils.py get_dense_model_nparams_and_flops, read at 238fa9953e4a:
+# 6 x parameters without the token embedding + 12 x layers x heads x head_dim x seq_len), or Megatron-LM's
+# num_floating_point_operations (causal attention halved, the logits counted); against the GPU's dense BF16 peak
+# (planner/models/gpus.py), as torchtitan's metrics.py divides and Megatron-LM's TFLOP/s/GPU over the peak.
 MFU_SOURCE = "torchtitan/models/utils.py get_dense_model_nparams_and_flops at 238fa9953e4a"
 
 
@@ -35,15 +37,28 @@ class Prediction:
     def tokens_per_s_per_gpu(self) -> float:
         return self.tokens_per_iteration / (self.cost.iteration_ms / 1e3) / self.gpus
 
-    def flops_per_token(self) -> float:
-        from planner.profiler.analytic import active_params
+    @property
+    def mfu_of(self) -> str:
+        """Whose MFU: the framework that runs the job logs it (torchtitan's, else Megatron-LM's)."""
+        from planner.commands.search_report import mfu_named
 
-        arch = self.job.arch
-        return (6 * active_params(arch, input_embedding=False)
-                + 12 * arch.num_layers * arch.num_heads * arch.head_size * self.job.seq_len)
+        return mfu_named(self.job.runtime or self.job.framework)
+
+    def flops_per_token(self) -> float:
+        from planner.profiler import throughput
+
+        count = throughput.torchtitan_flops_per_token if self.mfu_of == "torchtitan" else \
+            throughput.megatron_flops_per_token
+        return count(self.job.arch, self.job.seq_len)
 
     def mfu(self, gpu) -> float:
         return self.flops_per_token() * self.tokens_per_s_per_gpu / (gpu.bf16_tflops * 1e12)
+
+    def mfu_source(self) -> str:
+        from planner.profiler.throughput import MEGATRON_SOURCE
+
+        return MFU_SOURCE if self.mfu_of == "torchtitan" else (
+            f"{self.flops_per_token() * self.tokens_per_s_per_gpu / 1e12:,.1f} TFLOP/s/GPU as {MEGATRON_SOURCE}")
 
 
 def read_job(from_megatron: Path | None, from_torchtitan: Path | None):
@@ -390,6 +405,7 @@ def summary(prediction, device) -> dict:
         "seq_len": job.seq_len, "precision": job.precision, "ranks": rank_rows(prediction),
         "feasible": prediction.cost.feasible, "iteration_ms": prediction.cost.iteration_ms,
         "tokens_per_s_per_gpu": prediction.tokens_per_s_per_gpu, "mfu": prediction.mfu(device),
+        "mfu_of": prediction.mfu_of,
         "settings": [{"name": s.name, "value": s.value, "status": s.status, "what": s.what} for s in job.settings],
         "notes": prediction.notes,
     }
@@ -419,7 +435,7 @@ def _print(prediction, device) -> None:
                                 "reserved peak", "cap", "fits", "time/mb"], rows, right_from=2))
     console.print(f"iteration {format_ms(prediction.cost.iteration_ms)}; "
                   f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; MFU {prediction.mfu(device):.1%} "
-                  f"of the dense BF16 peak{_fp8_share(prediction, device)} ({MFU_SOURCE})")
+                  f"of the dense BF16 peak{_fp8_share(prediction, device)} ({prediction.mfu_source()})")
     if (line := range_line(reserve_ranges(prediction.stages, prediction.cost, profile=prediction.profile,
                                           setup=prediction.setup), prediction.cost)) is not None:
         console.print(line)

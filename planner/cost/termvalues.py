@@ -31,8 +31,17 @@ def reads_option(function) -> bool:
     name = code.co_varnames[1]
     if name in code.co_cellvars or _OPAQUE_NAMES & set(code.co_names):
         return True
-    return any(instruction.argval == name for instruction in dis.get_instructions(code)
-               if instruction.opname not in ("RESUME", "NOP"))
+    return any(name in _names(instruction) for instruction in dis.get_instructions(code))
+
+
+def _names(instruction: dis.Instruction) -> tuple:
+    """The names an instruction reads or writes: one, or (CPython 3.13's LOAD_FAST_LOAD_FAST, STORE_FAST_LOAD_FAST,
+    STORE_FAST_STORE_FAST; 3.14's LOAD_FAST_BORROW_LOAD_FAST_BORROW) the pair a superinstruction names, which dis gives
+    as a tuple (docs/framework-facts.md §656)."""
+    if instruction.opname in ("RESUME", "NOP"):
+        return ()
+    argval = instruction.argval
+    return argval if isinstance(argval, tuple) else (argval,)
 
 
 def layer_values(quantity: str, layer: LayerCost, options: range | list[int], ctx: Context) -> list[float]:

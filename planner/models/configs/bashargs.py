@@ -356,11 +356,14 @@ class _Shell:
     def _dollar(self, text: str, i: int, number: int):
         """(the expansion of the `$...` at i, the index after it, kind)."""
         rest = text[i + 1:]
-        if rest.startswith("(("):
-            end = matching(text, i + 1)
-            return self._arithmetic(text[i + 3:end - 1], number), end + 1, "arith"
         if rest.startswith("("):
             end = matching(text, i + 1)
+            if end < 0:
+                opened = "$((" if rest.startswith("((") else "$("
+                raise UserError(f"{self.where}, line {number}: '{opened}' is never closed; give a script bash can read")
+        if rest.startswith("(("):
+            return self._arithmetic(text[i + 3:end - 1], number), end + 1, "arith"
+        if rest.startswith("("):
             command = text[i + 2:end].strip()
             return f"{COMMAND_MARK}{command})", end + 1, "command"
         if rest.startswith("{"):

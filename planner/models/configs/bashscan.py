@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import re
 
-from planner.errors import UserError
-
 
 def brace_end(text: str, i: int) -> int:
     """The index of the '}' closing the '${' at i, past the expansions nested in it (`${A:-"${B}/$(date)"}`,
@@ -17,7 +15,10 @@ def brace_end(text: str, i: int) -> int:
             j += 2
             continue
         if text.startswith("$(", j):
-            j = matching(text, j + 1) + 1
+            end = matching(text, j + 1)
+            if end < 0:
+                return -1
+            j = end + 1
             continue
         if text.startswith("${", j):
             depth, j = depth + 1, j + 2
@@ -37,7 +38,8 @@ def brace_end(text: str, i: int) -> int:
 
 
 def matching(text: str, i: int) -> int:
-    """The index of the ')' closing the '(' at i (nesting and quotes respected)."""
+    """The index of the ')' closing the '(' at i (nesting and quotes respected); -1 if none (the caller names the
+    file and line)."""
     depth, quote = 0, None
     for j in range(i, len(text)):
         c = text[j]
@@ -51,7 +53,7 @@ def matching(text: str, i: int) -> int:
             depth -= 1
             if depth == 0:
                 return j
-    raise UserError("a '$(' is never closed; give a script bash can read")
+    return -1
 
 
 def depth_after(line: str, depth: int) -> tuple[int, int | None]:

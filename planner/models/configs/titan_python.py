@@ -109,7 +109,9 @@ class _Reader:
         if data is None:
             raise UserError(f"{self.where}: {function} returns no Trainer.Config this reader can follow")
         if depth == 0:  # the default said, since it changes the step (planner/emit/titan_keys.py graphs_line)
-            data.setdefault("training", {}).setdefault("disable_cuda_graphs", False)
+            training = data.setdefault("training", {})
+            if isinstance(training, dict):  # else a section held as written (a helper's call, not followed)
+                training.setdefault("disable_cuda_graphs", False)
             if self.unfollowed:
                 data.setdefault("python", {}).update(self.unfollowed)
         return data
@@ -273,6 +275,9 @@ class _Reader:
         if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
             left, right = self._value(node.left, env), self._value(node.right, env)
             if _number(left) and _number(right):
+                if isinstance(node.op, ast.FloorDiv) and right == 0:  # Python raises ZeroDivisionError there
+                    raise UserError(f"{self.where}, line {node.lineno}: {ast.unparse(node)} divides by zero, so the "
+                                    "config does not run; give the value it means")
                 return _ARITHMETIC[type(node.op)](left, right)
         if isinstance(node, ast.Name) and node.id in env and env[node.id] != "config":
             return env[node.id]
