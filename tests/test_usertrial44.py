@@ -51,3 +51,29 @@ def test_evaluate_from_megatron_prints_the_throughput_megatron_logs(tmp_path):
     assert summary["mfu_megatron"] == pytest.approx(tflops / 989.4, rel=1e-12)  # H100 SXM's dense BF16 peak
     said = " ".join(run_ok("evaluate", "--from-megatron", path, "--gpus", "8", "--gpu", "h100").output.split())
     assert f"Megatron-LM logs it as throughput per GPU {tflops:.1f} TFLOP/s/GPU" in said
+
+
+def _megatron_step(iteration: int, ms: float, tflops: float) -> str:
+    """One training_log line as Megatron-LM d98e8a64 prints it (training.py 3567-3578, --log-throughput)."""
+    return (f" [2026-12-01 10:00:0{iteration}.000000] iteration {iteration:8d}/     100 | consumed samples: "
+            f"{8 * iteration:12d} | elapsed time per iteration (ms): {ms:.1f} | throughput per GPU (TFLOP/s/GPU): "
+            f"{tflops:.1f} | learning rate: 1.000000E-05 | global batch size:     8 | lm loss: 6.9E+00 |\n")
+
+
+def test_calibrate_from_a_megatron_log_sets_its_throughput_against_megatrons_count(tmp_path):
+    """A Megatron-LM log's `throughput per GPU (TFLOP/s/GPU)` was read and dropped ("not compared: each counts
+    its own"), while the MFU row's "logged" value was torchtitan's count applied to the logged step; now the
+    log's figure is a residual beside Megatron-LM's count of the predicted step."""
+    config = tmp_path / "tiny_gqa.yaml"
+    config.write_text(_TINY_GQA)
+    log = tmp_path / "train.log"
+    log.write_text(_megatron_step(1, 900.0, 0.3) + _megatron_step(2, 4.0, 1.3) + _megatron_step(3, 4.0, 1.3))
+    summary = json.loads(run_ok("evaluate", "--from-megatron", config, "--gpus", "8", "--gpu", "h100", "--json").stdout)
+    report = json.loads(run_ok("calibrate", "--from-log", log, "--from-megatron", config, "--gpus", "8", "--gpu",
+                               "h100", "--json").stdout)
+    row = next(r for r in report["residuals"] if r["term"] == "TFLOP/s/GPU")
+    assert row["rank"] is None and row["logged"] == 1.3  # the median after the first step
+    assert row["predicted"] == pytest.approx(_MEGATRON_FLOPS_PER_TOKEN * summary["tokens_per_s_per_gpu"] / 1e12,
+                                             rel=1e-12)
+    said = run_ok("calibrate", "--from-log", log, "--from-megatron", config, "--gpus", "8", "--gpu", "h100").output
+    assert "TFLOP/s/GPU" in said and " 1.3 " in said
