@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fixtures.cli import run_ok
+from fixtures.cli import run, run_ok
 
 # a Megatron-LM job as a user writes it (YAML mapping of flags), small enough to score in seconds: GQA 4
 # heads over 2 groups of head dim 64, SwiGLU, untied, a 1,024-token vocabulary (a multiple of 128: no padding)
@@ -77,3 +77,29 @@ def test_calibrate_from_a_megatron_log_sets_its_throughput_against_megatrons_cou
                                              rel=1e-12)
     said = run_ok("calibrate", "--from-log", log, "--from-megatron", config, "--gpus", "8", "--gpu", "h100").output
     assert "TFLOP/s/GPU" in said and " 1.3 " in said
+
+
+# the head of what `ckplan export --to torchtitan` writes for 0.3.0 (planner/emit/torchtitan.py): the base config
+# imported under another name from torchtitan's registry, refined by a function of the file
+_EXPORTED = """from torchtitan.models.qwen3.config_registry import qwen3_32b as base_config
+
+
+def ckplan_config():
+    config = base_config()
+    config.parallelism.data_parallel_shard_degree = 32
+    return config
+"""
+
+
+def test_a_base_config_imported_under_another_name_is_named_as_torchtitan_defines_it(tmp_path):
+    """Reading back ckplan's own torchtitan export was refused with "give the file and function base_config is
+    defined in": no file defines base_config (the export's alias of qwen3_32b); now the refusal names the
+    function and the file that define it."""
+    path = tmp_path / "ckplan_plan.py"
+    path.write_text(_EXPORTED)
+    result = run("evaluate", "--from-torchtitan", f"{path}:ckplan_config", "--gpus", "32")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and said.count("Error:") == 1
+    assert "give the file and function base_config is defined in" not in said
+    assert ("it refines qwen3_32b() from torchtitan.models.qwen3.config_registry (imported as base_config); give "
+            "that one, --from-torchtitan torchtitan/models/qwen3/config_registry.py:qwen3_32b") in said
