@@ -103,3 +103,16 @@ def test_a_base_config_imported_under_another_name_is_named_as_torchtitan_define
     assert "give the file and function base_config is defined in" not in said
     assert ("it refines qwen3_32b() from torchtitan.models.qwen3.config_registry (imported as base_config); give "
             "that one, --from-torchtitan torchtitan/models/qwen3/config_registry.py:qwen3_32b") in said
+
+
+def test_a_block_shared_whole_is_named_once_where_torchtitan_refuses_its_ties():
+    """A ViT whose block b is applied again as b_again ties each of the block's 12 tensors (one tied set each,
+    the same two layers): `export --to torchtitan` said "(b and b_again, b and b_again share a parameter)"."""
+    from types import SimpleNamespace
+
+    from planner.cost.runnable import tied_refused
+
+    tied = [SimpleNamespace(layers=["b", "b_again"]) for _ in range(12)] + [SimpleNamespace(layers=["embed", "head"])]
+    said = tied_refused("torchtitan", None, stages=2, tied=tied)
+    assert said.startswith("the model ties weights (b and b_again, embed and head share a parameter) and --runtime "
+                           "torchtitan ")
