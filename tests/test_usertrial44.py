@@ -116,3 +116,25 @@ def test_a_block_shared_whole_is_named_once_where_torchtitan_refuses_its_ties():
     said = tied_refused("torchtitan", None, stages=2, tied=tied)
     assert said.startswith("the model ties weights (b and b_again, embed and head share a parameter) and --runtime "
                            "torchtitan ")
+
+
+def test_an_entry_with_a_shell_expansion_is_refused_not_written_as_text(tmp_path):
+    """`export --to slurm --entry 'pretrain_gpt.py "${CKPLAN_MEGATRON_ARGS[@]}"'` (the line the Megatron-LM export
+    ends with) wrote `srun torchrun ... pretrain_gpt.py '${CKPLAN_MEGATRON_ARGS[@]}'`: one argument, that text, no
+    array expanded. Now refused in one sentence naming the word; a plain entry is still written, quoted."""
+    from export_plans import llm_profile, make_plan
+
+    from planner import io
+
+    profile = llm_profile()
+    io.save_profile(profile, tmp_path / "llm.json")
+    io.save_plan(make_plan(profile, tmp_path / "llm.json", [4, 3, 3], {"layers.2"}), tmp_path / "plan.yaml")
+    for target in ("torchrun", "slurm", "kubernetes"):
+        result = run("export", tmp_path / "plan.yaml", "--to", target, "--out", tmp_path / f"{target}.out", "--entry",
+                     'pretrain_gpt.py "${CKPLAN_MEGATRON_ARGS[@]}"')
+        said = " ".join(result.output.split())
+        assert result.exit_code == 1 and said.count("Error:") == 1 and not (tmp_path / f"{target}.out").exists()
+        assert "--entry: '${CKPLAN_MEGATRON_ARGS[@]}' would reach the program as that text" in said
+    run_ok("export", tmp_path / "plan.yaml", "--to", "slurm", "--out", tmp_path / "ok.sh", "--entry",
+           "pretrain_gpt.py --num-layers 10 --data-path 'a b'")
+    assert "pretrain_gpt.py --num-layers 10 --data-path 'a b'" in (tmp_path / "ok.sh").read_text()
