@@ -79,7 +79,8 @@ def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_pe
     return fromlog.Prediction(static_bytes=[c.after_step_bytes for c in costs], peak_bytes=[c.peak_bytes for c in costs],
                               reserved_bytes=[c.reserved_bytes for c in costs], iteration_ms=p.cost.iteration_ms,
                               tokens_per_s_per_gpu=p.tokens_per_s_per_gpu, mfu=p.mfu(archs.gpu(gpu)),
-                              world=p.gpus, tokens_per_gpu_step=p.tokens_per_iteration / p.gpus), job.source, \
+                              world=p.gpus, tokens_per_gpu_step=p.tokens_per_iteration / p.gpus,
+                              megatron_tflops_per_gpu=p.megatron_tflops_per_gpu()), job.source, \
         [f"{s.name} {s.value}".strip() for status in ("not modelled", "unknown") for s in job.of(status)]
 
 
@@ -124,6 +125,8 @@ def _print(log_path: Path, log, found, fitted, source: str, left_out: list[str])
             return format_ms(value)
         if term == "MFU":
             return f"{value:.1%}" if value else "-"
+        if term == "TFLOP/s/GPU":
+            return f"{value:.1f}"
         return f"{value:,.0f}"
 
     # the term's name without its unit: format_ms writes each value's own (10.40 s, 850 ms)

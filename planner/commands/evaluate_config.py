@@ -10,6 +10,7 @@ from pathlib import Path
 
 from planner.commands.config_checks import check_ep, check_microbatches, microbatches_of
 from planner.errors import UserError
+from planner.profiler.throughput import MEGATRON_SOURCE
 
 # The MFU the job's own framework logs (planner/profiler/throughput.py, as the search prints it: search_report.mfu_named):
 # torchtitan's FLOPs per token (torchtitan/models/utils.py get_dense_model_nparams_and_flops, read at 238fa9953e4a:
@@ -59,6 +60,13 @@ class Prediction:
 
         return MFU_SOURCE if self.mfu_of == "torchtitan" else (
             f"{self.flops_per_token() * self.tokens_per_s_per_gpu / 1e12:,.1f} TFLOP/s/GPU as {MEGATRON_SOURCE}")
+
+    def megatron_tflops_per_gpu(self) -> float:
+        """What Megatron-LM logs as "throughput per GPU (TFLOP/s/GPU)": its own FLOPs count (causal
+        attention halved, the logits in) over the iteration and the world size (planner/profiler/throughput.py)."""
+        from planner.profiler.throughput import megatron_flops_per_token
+
+        return megatron_flops_per_token(self.job.arch, self.job.seq_len) * self.tokens_per_s_per_gpu / 1e12
 
 
 def read_job(from_megatron: Path | None, from_torchtitan: Path | None):
@@ -406,6 +414,8 @@ def summary(prediction, device) -> dict:
         "feasible": prediction.cost.feasible, "iteration_ms": prediction.cost.iteration_ms,
         "tokens_per_s_per_gpu": prediction.tokens_per_s_per_gpu, "mfu": prediction.mfu(device),
         "mfu_of": prediction.mfu_of,
+        "tflops_per_gpu_megatron": prediction.megatron_tflops_per_gpu(),
+        "mfu_megatron": prediction.megatron_tflops_per_gpu() / device.bf16_tflops,
         "settings": [{"name": s.name, "value": s.value, "status": s.status, "what": s.what} for s in job.settings],
         "notes": prediction.notes,
     }
@@ -436,6 +446,10 @@ def _print(prediction, device) -> None:
     console.print(f"iteration {format_ms(prediction.cost.iteration_ms)}; "
                   f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; MFU {prediction.mfu(device):.1%} "
                   f"of the dense BF16 peak{_fp8_share(prediction, device)} ({prediction.mfu_source()})")
+    if prediction.mfu_of == "torchtitan":  # a Megatron-LM job's MFU above is already its logged TFLOP/s/GPU
+        tflops = prediction.megatron_tflops_per_gpu()
+        console.print(f"Megatron-LM would log it as throughput per GPU {tflops:.1f} TFLOP/s/GPU "
+                      f"({tflops / device.bf16_tflops:.1%} of the dense BF16 peak; {MEGATRON_SOURCE})")
     if (line := range_line(reserve_ranges(prediction.stages, prediction.cost, profile=prediction.profile,
                                           setup=prediction.setup), prediction.cost)) is not None:
         console.print(line)

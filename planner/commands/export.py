@@ -118,18 +118,13 @@ def _export_name(target: str, stem: str, suffix: str, torchtitan_version: str) -
 def _launcher(target, plan, profile, plan_path: Path, out: Path | None, inputs: dict, *, gpus_per_node: int,
               entry: str | None, image: str | None, torchtitan_version: str | None) -> None:
     """One launch file (planner/emit/launchers.py)."""
-    import shlex
-
     from planner import io
     from planner.console import info
     from planner.emit import launchers
 
     if image is not None and target != "kubernetes":
         raise UserError("--image is the Kubernetes job's container image; it applies to --to kubernetes only")
-    try:
-        argv = tuple(shlex.split(entry)) if entry is not None else None
-    except ValueError as exc:
-        raise UserError(f"--entry {entry!r}: {exc}") from exc
+    argv = launchers.entry_argv(entry) if entry is not None else None
     tp = profile.assumptions.get("tp", 1)
     scored = _host_gpus(plan, profile)
     if gpus_per_node is not None and gpus_per_node != scored and plan.setup.comm.nvlink_domain is not None:

@@ -61,7 +61,8 @@ def tied_refused(runtime: str, version: str | None, *, stages: int, tied: list) 
     record = facts(runtime, version)
     if record.ties_across_stages or stages == 1 or not tied:
         return None
-    shared = ", ".join(" and ".join(item.layers) for item in tied[:2])
+    # one set a parameter: a block shared whole (a ViT applying it twice) ties every one of its tensors, same layers
+    shared = ", ".join(list(dict.fromkeys(" and ".join(item.layers) for item in tied))[:2])
     return (f"the model ties weights ({shared} share a parameter) and --runtime {runtime} {record.version} does not "
             f"tie them beside a pipeline of {stages} stages ({record.sources['ties_across_stages'].split(' (')[0]}); "
             f"give one stage, untie the weights, or another --runtime")

@@ -126,6 +126,22 @@ def _segment(launch: Launch) -> list[str]:
             f"#SBATCH --segment={hosts}"]
 
 
+def entry_argv(text: str) -> tuple[str, ...]:
+    """--entry as the program and its arguments (shlex's words). Each lands quoted as one argument (the module
+    docstring), so a shell expansion written in it ("${CKPLAN_MEGATRON_ARGS[@]}", $VAR, `cmd`) would reach the
+    program as its text, never expanded: refused, naming the word."""
+    try:
+        argv = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise UserError(f"--entry {text!r}: {exc}") from exc
+    expanded = next((arg for arg in argv if "$" in arg or "`" in arg), None)
+    if expanded is not None:
+        raise UserError(f"--entry: {expanded!r} would reach the program as that text, not expanded: the launch file "
+                        "quotes each word of the entry as one argument, which no shell expands; give the arguments "
+                        "themselves (a Megatron-LM export's CKPLAN_MEGATRON_ARGS written out)")
+    return argv
+
+
 def check_torchtitan_version(version: str | None, *, framework: str, entry: tuple[str, ...] | None) -> None:
     """--torchtitan-version chooses the trainer of a torchtitan plan's default entry: refused
     beside --entry or for another runtime, and read as a version ckplan knows."""

@@ -61,7 +61,7 @@ class Log:
     iteration_ms: float | None = None  # median over the steps after the first logged
     tokens_per_s_per_gpu: float | None = None  # torchtitan prints it
     mfu: float | None = None  # torchtitan prints it (Megatron-LM does not: derived from tokens/s)
-    tflops_per_gpu: float | None = None  # as the framework counts FLOPs (not compared: each counts its own)
+    tflops_per_gpu: float | None = None  # as the framework counts FLOPs (Megatron-LM's set against its own count)
     steps: int = 0
 
 
@@ -150,6 +150,8 @@ class Prediction:
     mfu: float | None  # None: not known (a plan whose profile records no architecture)
     world: int  # GPUs of the job
     tokens_per_gpu_step: float  # tokens one GPU's data-parallel rank takes per step / the non-dp size
+    # Megatron-LM's "throughput per GPU" by its own FLOPs count (planner/profiler/throughput.py); None: not known
+    megatron_tflops_per_gpu: float | None = None
 
 
 def pipeline_rank(rank: int, *, world: int, pp: int) -> int:
@@ -180,6 +182,9 @@ def residuals(log: Log, prediction: Prediction) -> list[Residual]:
             Residual(None, "tokens/s per GPU", prediction.tokens_per_s_per_gpu, tokens),
             Residual(None, "MFU", prediction.mfu or 0.0, log.mfu if log.mfu is not None else
                      tokens / prediction.tokens_per_s_per_gpu * prediction.mfu if tokens and prediction.mfu else None)]
+    if log.framework == "megatron" and log.tflops_per_gpu is not None and prediction.megatron_tflops_per_gpu:
+        # the figure a Megatron-LM log prints, by Megatron-LM's count on both sides (§650)
+        out.append(Residual(None, "TFLOP/s/GPU", prediction.megatron_tflops_per_gpu, log.tflops_per_gpu))
     return out
 
 

@@ -92,6 +92,8 @@ class _Reader:
         self.functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
         self.imports = {alias.asname or alias.name: ("." * node.level) + (node.module or "")
                         for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+        self.names = {alias.asname: alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                      for alias in node.names if alias.asname}  # `import NAME as ALIAS`: ALIAS -> NAME
         self.family = path.resolve().parent.name  # torchtitan/models/FAMILY/config_registry.py
         self.unfollowed: dict[str, str] = {}  # "line N" -> the statement, from every function read
 
@@ -121,6 +123,7 @@ class _Reader:
         if docstring or isinstance(node, (ast.Assert, ast.FunctionDef, ast.Pass, ast.ImportFrom)):
             if isinstance(node, ast.ImportFrom):
                 self.imports.update({a.asname or a.name: ("." * node.level) + (node.module or "") for a in node.names})
+                self.names.update({a.asname: a.name for a in node.names if a.asname})
             return data  # docstrings, checks, helpers and imports set nothing
         if isinstance(node, ast.Return):
             value = self._value(node.value, env)
@@ -180,6 +183,12 @@ class _Reader:
     def _converted(self, call: Call) -> str:
         """What to give instead: the config function a converter is handed, where the file imports it from
         another config registry (graph_trainer's to_graph_trainer_config(qwen3_14b(), ...) at b5bcd76c)."""
+        own = self.imports.get(call.name, "")
+        if own.endswith("config_registry") and not call.args:  # the base itself, from another file (ckplan's
+            name = self.names.get(call.name, call.name)  # export: `from ...qwen3.config_registry import qwen3_32b
+            alias = "" if name == call.name else f" (imported as {call.name})"  # as base_config`)
+            return (f"it refines {name}() from {own}{alias}; give that one, --from-torchtitan "
+                    f"{own.replace('.', '/')}.py:{name} (what this function changes beside it is not read)")
         base = call.args[0] if call.args else None
         source = self.imports.get(base.name.split(".")[0], "") if isinstance(base, Call) else ""
         if not source.endswith("config_registry"):
