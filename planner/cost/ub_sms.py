@@ -170,7 +170,7 @@ def buffer_copy_bytes(collectives: list, which: str, *, config: str | None, tp: 
       GEMM (147-181, bulk_overlap): hidden with its collective, not charged;
     - a bulk reduce-scatter of the input gradient beside the weight-gradient GEMM (qkv_wgrad, fc1_wgrad) leaves the
       rank's chunk in the buffer, which is not FP8 (initialize_ub gives FP8 buffers to all-gathers only, base.py
-      287-298, 339), and after the main stream waits on it `dgrad = ub_obj_wgrad.get_buffer(local_chunk=True)
+      287-299, 343), and after the main stream waits on it `dgrad = ub_obj_wgrad.get_buffer(local_chunk=True)
       .clone()` (layernorm_linear.py 927, linear.py 918): 1 / tp of the bf16 input gradient copied out.
     `collectives`: the block's eight in site order (their tensor bytes bf16 and whole); 0 where the block does not
     list eight or tp is 1."""
