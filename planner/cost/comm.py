@@ -363,9 +363,9 @@ def userbuffers_reduce_ms(layer, which: str, comm: CommSetup) -> float:
 
 def userbuffers_copy_ms(layer, which: str, comm: CommSetup, *, float8: bool = False) -> float:
     """Under tp-comm-overlap, TE's copies of a dense block's pass into and out of its userbuffers
-    (ub_sms.buffer_copy_bytes: each all-gather's shard copied in, each bulk reduce-scatter's chunk cloned out), on the
-    compute stream beside no GEMM: on the pass's path, at the rate the reduce kernel's streaming read and write is
-    charged (CommSetup.ub_reduce_gb_per_s); `float8`: the all-gathers move FP8 (gathers_float8); 0 elsewhere."""
+    (ub_sms.buffer_copy_bytes: each ring exchange's all-gather shard copied in, each bulk reduce-scatter's chunk cloned
+    out), on the compute stream beside no GEMM: on the pass's path, at the rate the reduce kernel's streaming read and
+    write is charged (CommSetup.ub_reduce_gb_per_s); `float8`: the all-gathers move FP8 (gathers_float8); 0 elsewhere."""
     if comm.tp_overlap != "tp-comm-overlap" or not comm.ub_reduce_gb_per_s or layer.kind != "decoder_block":
         return 0.0
     moved = ub_sms.buffer_copy_bytes(layer.collectives, which, config=comm.ub_cfg, tp=comm.tp, gemms=comm.ub_gemms,

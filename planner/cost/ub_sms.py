@@ -91,8 +91,9 @@ def setup_fields(gpu, tp_overlap: str, *, config: str | None = None, gemms: dict
     """CommSetup's userbuffers fields, for `evaluate`/`solve` (commands/comm_setup.py) and `search`
     (solve/jobsearch.py) alike: under tp-comm-overlap the config (`config`: a Bridge name or the file read; None:
     TE's defaults), a file's GEMMs, the GPU's SMs (planner/models/gpu_sms.py, 0 where unknown: nothing charged) and
-    the rate ring_reduce_bytes' reduce kernel runs at (no measurement of it: the GPU's eager elementwise class, a
-    streaming read of bf16 tensors and one write, planner/models/membound_rate.py), and the rate a ring exchange's
+    the rate ring_reduce_bytes' reduce kernel and buffer_copy_bytes' copies run at (no measurement of either: the GPU's
+    eager elementwise class, a streaming read of bf16 tensors and one write, planner/models/membound_rate.py), and the
+    rate a ring exchange's
     peer copies run at (a copy engine's from one peer where published, planner/models/copy_engines.py; else none:
     NCCL's ring rate for the group, planner/cost/ub_ring.py); nothing otherwise."""
     from planner.models.copy_engines import peer_copy_rate
