@@ -281,7 +281,8 @@ def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
         ring_ms, ring_whole, sites = userbuffers_ring_ms(layer, which, setup, float8=float8)
         ms = pass_comm_ms(layer, which, comm, float8=float8, skip=frozenset(i for i, _ in sites))
         lost = userbuffers_lost_ms(layer, which, comm, float8=float8, skip=frozenset(gemm for _, gemm in sites))
-        total += ring_ms + max(0.0, ms - (compute - ring_whole), lost) + userbuffers_reduce_ms(layer, which, comm)
+        total += ring_ms + max(0.0, ms - (compute - ring_whole), lost) + userbuffers_reduce_ms(layer, which, comm) \
+            + userbuffers_copy_ms(layer, which, comm, float8=float8)
     return total
 
 
@@ -357,6 +358,18 @@ def userbuffers_reduce_ms(layer, which: str, comm: CommSetup) -> float:
     if comm.tp_overlap != "tp-comm-overlap" or not comm.ub_reduce_gb_per_s or layer.kind != "decoder_block":
         return 0.0
     moved = ub_sms.ring_reduce_bytes(layer.collectives, which, config=comm.ub_cfg, tp=comm.tp, gemms=comm.ub_gemms)
+    return moved / (comm.ub_reduce_gb_per_s * 1e9) * 1e3
+
+
+def userbuffers_copy_ms(layer, which: str, comm: CommSetup, *, float8: bool = False) -> float:
+    """Under tp-comm-overlap, TE's copies of a dense block's pass into and out of its userbuffers
+    (ub_sms.buffer_copy_bytes: each ring exchange's all-gather shard copied in, each bulk reduce-scatter's chunk cloned
+    out), on the compute stream beside no GEMM: on the pass's path, at the rate the reduce kernel's streaming read and
+    write is charged (CommSetup.ub_reduce_gb_per_s); `float8`: the all-gathers move FP8 (gathers_float8); 0 elsewhere."""
+    if comm.tp_overlap != "tp-comm-overlap" or not comm.ub_reduce_gb_per_s or layer.kind != "decoder_block":
+        return 0.0
+    moved = ub_sms.buffer_copy_bytes(layer.collectives, which, config=comm.ub_cfg, tp=comm.tp, gemms=comm.ub_gemms,
+                                     float8=float8)
     return moved / (comm.ub_reduce_gb_per_s * 1e9) * 1e3
 
 

@@ -275,7 +275,8 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: comm.layer_comm_ms(layer, int(ckpt), ctx.setup),
          "the profile's per-layer collectives (bytes) over the tensor-parallel group's link: ring factor, NCCL's "
          "latency model (tuning.cc); hidden beyond the pass's compute only under AsyncTP / TE comm overlap "
-         "(the runtime record's tp_overlap; under TE's, ring exchanges as their chunked GEMMs: ub_ring.py; SMs: ub_sms.py), "
+         "(the runtime record's tp_overlap; under TE's, ring exchanges as their chunked GEMMs: ub_ring.py; SMs: ub_sms.py; "
+         "a ring exchange's shard copied into its buffer and a bulk scatter's chunk cloned out: ub_sms.buffer_copy_bytes), "
          "AsyncTP's fused copies at the copy engines' peer rate where published "
          "(copy_engines.py); a Float8 layer's all-gathers at 1 B an element where the record's "
          "tp_gathers_float8 (torchao's Float8 TP plan casts before it gathers)"),

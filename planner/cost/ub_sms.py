@@ -91,8 +91,9 @@ def setup_fields(gpu, tp_overlap: str, *, config: str | None = None, gemms: dict
     """CommSetup's userbuffers fields, for `evaluate`/`solve` (commands/comm_setup.py) and `search`
     (solve/jobsearch.py) alike: under tp-comm-overlap the config (`config`: a Bridge name or the file read; None:
     TE's defaults), a file's GEMMs, the GPU's SMs (planner/models/gpu_sms.py, 0 where unknown: nothing charged) and
-    the rate ring_reduce_bytes' reduce kernel runs at (no measurement of it: the GPU's eager elementwise class, a
-    streaming read of bf16 tensors and one write, planner/models/membound_rate.py), and the rate a ring exchange's
+    the rate ring_reduce_bytes' reduce kernel and buffer_copy_bytes' copies run at (no measurement of either: the GPU's
+    eager elementwise class, a streaming read of bf16 tensors and one write, planner/models/membound_rate.py), and the
+    rate a ring exchange's
     peer copies run at (a copy engine's from one peer where published, planner/models/copy_engines.py; else none:
     NCCL's ring rate for the group, planner/cost/ub_ring.py); nothing otherwise."""
     from planner.models.copy_engines import peer_copy_rate
@@ -148,6 +149,42 @@ def ring_reduce_bytes(collectives: list, which: str, *, config: str | None, tp: 
     table, at = overlaps(config, gemms), 2 + ("fwd", "bwd", "recompute").index(which)
     return sum(c[at] * c[1] * (1 + 1 / tp) for gemm, c in zip(FORWARD_GEMMS, collectives[:4], strict=True)
                if c[0] == "reduce-scatter" and table[gemm].method == "ring_exchange")
+
+
+# the all-gathers a dense block's pass fills through userbuffers (GEMM, site): qkv_fprop and fc1_fprop forward,
+# proj_dgrad and fc2_dgrad backward; and the bulk reduce-scatters whose output is copied out of the buffer
+BUFFER_GATHERS = {"fwd": (("qkv_fprop", 0), ("fc1_fprop", 2)), "recompute": (("qkv_fprop", 0), ("fc1_fprop", 2)),
+                  "bwd": (("proj_dgrad", 4), ("fc2_dgrad", 6))}
+BULK_SCATTERS = (("qkv_wgrad", 5), ("fc1_wgrad", 7))
+
+
+def buffer_copy_bytes(collectives: list, which: str, *, config: str | None, tp: int, gemms: dict | None = None,
+                      float8: bool = False) -> float:
+    """The bytes a dense block's pass ("fwd", "bwd", "recompute") copies into and out of TE's userbuffers on the
+    compute stream, each copy a read and a write (TE v2.9, docs/framework-facts.md §635-§637):
+    - an all-gather through userbuffers starts with `fill_userbuffers_buffer_for_all_gather` (module/base.py
+      502-560): the rank's shard (FP8 where `float8`, the quantized data alone; else bf16) copied into its chunk of
+      the buffer by `copy_into_buffer`, a cudaMemcpyAsync. A ring exchange's (CommOverlapP2P: qkv_fprop, fc1_fprop,
+      proj_dgrad, fc2_dgrad in TE's and Bridge's configs) runs on the current stream before the chunked GEMM
+      (csrc/extensions/comm_gemm_overlap.cpp 246-277): charged. A bulk all-gather's (CommOverlap: qkv_dgrad,
+      fc1_dgrad, the norm output gathered again for the weight gradient) runs on the communication stream beside the
+      GEMM (147-181, bulk_overlap): hidden with its collective, not charged;
+    - a bulk reduce-scatter of the input gradient beside the weight-gradient GEMM (qkv_wgrad, fc1_wgrad) leaves the
+      rank's chunk in the buffer, which is not FP8 (initialize_ub gives FP8 buffers to all-gathers only, base.py
+      287-299, 343), and after the main stream waits on it `dgrad = ub_obj_wgrad.get_buffer(local_chunk=True)
+      .clone()` (layernorm_linear.py 927, linear.py 918): 1 / tp of the bf16 input gradient copied out.
+    `collectives`: the block's eight in site order (their tensor bytes bf16 and whole); 0 where the block does not
+    list eight or tp is 1."""
+    if tp <= 1 or len(collectives) != 8:
+        return 0.0
+    table, at = overlaps(config, gemms), 2 + ("fwd", "bwd", "recompute").index(which)
+    moved = sum(collectives[site][at] * 2 * (collectives[site][1] / 2 if float8 else collectives[site][1]) / tp
+                for gemm, site in BUFFER_GATHERS[which]
+                if collectives[site][0] == "all-gather" and table[gemm].method == "ring_exchange")
+    if which == "bwd":
+        moved += sum(collectives[site][at] * 2 * collectives[site][1] / tp for gemm, site in BULK_SCATTERS
+                     if collectives[site][0] == "reduce-scatter" and table[gemm].method == "bulk")
+    return moved
 
 
 def lost_sm_ms(collective_ms: list[float], which: str, *, config: str | None, sms: int,

@@ -335,7 +335,7 @@ class CommSetup(Strict):
     ub_gemms: dict[str, UbGemm] | None = None  # a --tp-comm-overlap-cfg file's, per GEMM (None: ub_cfg's by name)
     gpu_sms: int = Field(default=0, ge=0, le=1 << 16)
     # the rate TE's reduce kernel sums a ring-exchange reduce-scatter's tp partial chunks at (planner/cost/ub_sms.py
-    # ring_reduce_bytes); None: not charged (plans made before)
+    # ring_reduce_bytes), and its buffer copies run at (buffer_copy_bytes); None: not charged (plans made before)
     ub_reduce_gb_per_s: GbPerS | None = None
     # AsyncTP's and TE's ring exchange's peer copies (copy-engine copies between two peers, planner/models/
     # copy_engines.py): GB/s a direction; None: charged at tp_gb_per_s, NCCL's ring (no copy rate published for
