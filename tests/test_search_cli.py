@@ -123,8 +123,10 @@ def test_the_default_space_solves_every_chunk_count_the_bounds_leave(tmp_path):
     assert any(row["degrees"]["schedule"] == "interleaved-1F1B" for row in default["ranked"])
     assert [(row["degrees"], row["iteration_ms"]) for row in default["ranked"]] == \
         [(row["degrees"], row["iteration_ms"]) for row in named["ranked"]]
-    assert {k: v for k, v in default["counts"].items() if k != "wall_s"} == \
-        {k: v for k, v in named["counts"].items() if k != "wall_s"}
+    # solved_early aside: under the default --time-limit the solves run between configurations by the wall clock
+    # (jobsearch._Queue), so how many ran while the enumeration did depends on the machine's load, not the search
+    assert {k: v for k, v in default["counts"].items() if k not in ("wall_s", "solved_early")} == \
+        {k: v for k, v in named["counts"].items() if k not in ("wall_s", "solved_early")}
 
 
 def test_search_scores_a_framework_config_beside(tmp_path):

@@ -15,17 +15,19 @@ chunked ones (the MILP) under the bar they left, an interleaved one pruned befor
 with the bubble (chunkbound.py, asked only then) reaches the bar: every chunk count is solved or pruned so
 (docs/published-runs.md §41.chunklp).
 
-Under a time limit the profiles may take most of it (T11 on 64 GPUs under load: 308 profiles in
-291.5 s of 300). Once half the limit is gone with nothing ranked, the enumeration stops for one solve
-of the best-bound configuration kept so far (search_job's `midway`), its plan ranked and never solved
-again; then it goes on. The ranking stays that of every configuration solved (an extra exact plan in
-it only tightens the bar with a real time); a search whose profiles take under half its limit runs
-exactly as without it.
+Under a time limit the search is a branch and bound interleaved with the enumeration: before each
+configuration, while the solves have taken less of the time spent than the enumeration (each gets half: a
+policy, no figure fitted), the kept configuration with the best bound not yet solved (search_job's `_Queue`, in
+`_solve_order`) is solved, and one whose bound is no better than the `top`-th best found is pruned. Given the time
+its ranking is the exhaustive search's (the bar only falls, so a configuration pruned stays pruned); cut short,
+it says what it solved, pruned and left unsolved, and the best bound left against the best found. Without a limit
+the enumeration runs first (the fewest solves: the bar is set by the best bounds of all).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 import time
 from collections.abc import Callable
@@ -107,17 +109,17 @@ class Outcome:
     duplicates: int = 0  # the same setup as another once the runtime's own mapping is applied
     refused: int = 0  # setups the schema refuses (e.g. a shard group the experts do not divide)
     pruned_memory: int = 0  # memory bound past the card: no solve
-    pruned_time: int = 0  # time bound no better than the top-th best: no solve
+    pruned_time: int = 0  # time bound no better than the top-th best found: no solve (exact, at the end too)
     pruned_bubble: int = 0  # of those, the interleaved ones pruned by the bound with their bubble (chunkbound.py)
     solved: int = 0  # solves run
     solved_without_plan: int = 0  # solved, and no plan fits (or none beats the bound it was given)
     profiles: int = 0  # profiles built
     complete: bool = True  # False: the deadline stopped it before the bound did
     unexplored: int = 0  # configurations not enumerated: the deadline passed while their profiles were built
-    solved_early: int = 0  # of `solved`, those solved while profiles were still built (half the limit gone, no plan)
+    solved_early: int = 0  # of `solved`, those solved while the enumeration still ran (under a limit, in bound order)
     wall_s: float = 0.0
     nearest: Candidate | None = None  # the configuration nearest to fitting by the memory bound
-    unsolved: list[Candidate] = field(default_factory=list)  # fit the memory bound, not reached before the deadline
+    unsolved: list[Candidate] = field(default_factory=list)  # bounded below the bar, not solved before the deadline
 
 
 def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainSetup:
@@ -269,7 +271,7 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
     `deadline`, looked at before each configuration (a bound costs ~30 ms at 16 GPUs and up, once its profile is
     built: §42.profspeed), the enumeration stops there: those kept so far, the rest counted in
     outcome.unexplored (outcome.complete False). `midway(kept)` is called before each configuration
-    (search_job's early solve)."""
+    (search_job's solves in bound order under a limit)."""
     kept, seen = [], set()
     every = enumerate_degrees(job)
 
@@ -357,39 +359,19 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
                deadline: Deadline | None = None, solver: str = "auto") -> Outcome:
     """The `top` fastest configurations that fit, each with its exact plan (see the module's text).
     Past `deadline` the search stops where it is, building profiles or solving (outcome.complete False:
-    the ranking is the best of what was solved; outcome.unexplored the configurations never reached); at
-    half of it, with nothing ranked, the best-bound candidate kept so far is solved (outcome.solved_early).
+    the ranking is the best of what was solved; outcome.unexplored the configurations never reached,
+    outcome.unsolved those bounded below the bar and not solved); under a limit the kept configurations are
+    solved in bound order while the enumeration runs (outcome.solved_early of them).
     Every chunked configuration the bounds do not prune is solved (chunkbound.py's bound charges the sends and
     reductions: the interleaved ones cost 1.8 s of LPs on an 8B job, docs/published-runs.md §41.chunklp)."""
     started = time.perf_counter()
     deadline = deadline or Deadline(None)
     outcome = Outcome()
-    early: set[int] = set()  # id() of the candidates solved while the enumeration ran
-
-    def midway(kept: list[Candidate]) -> None:
-        """Once half the limit is gone and nothing is ranked yet, the best-bound kept candidate not yet
-        solved is solved (without a bar, as the first solve below would be), so that a limit spent on
-        profiles still answers; within the limit only, each candidate once."""
-        if outcome.ranked or deadline.limit_s is None or deadline.expired() \
-                or deadline.elapsed_s() < deadline.limit_s / 2:
-            return
-        waiting = [c for c in kept if id(c) not in early]
-        if waiting:
-            best = min(waiting, key=_solve_order)
-            early.add(id(best))
-            outcome.solved_early += 1
-            _rank(outcome, solve_one(best, upper_bound_ms=None, deadline=deadline, solver=solver), top)
-
-    found = candidates(job, options, Profiles(profile_for), outcome, deadline, midway)
-    found.sort(key=_solve_order)
-    # one pass a kind: the one-chunk configurations (the exact DP, fast) first, then the chunked ones (the
-    # MILP, seconds each), each pass in bound order and stopped by the bar the passes before it set
-    one_chunk, chunked_ones = [c for c in found if c.degrees.chunks == 1], [c for c in found if c.degrees.chunks > 1]
-    solved: set[Degrees] = {c.degrees for c in found if id(c) in early}
-    if not _solve_pass(one_chunk, outcome, early, top=top, deadline=deadline, solver=solver, solved=solved):
-        outcome.unsolved += [c for c in chunked_ones if id(c) not in early]
-    else:
-        _solve_pass(chunked_ones, outcome, early, top=top, deadline=deadline, solver=solver, solved=solved)
+    queue = _Queue(outcome, top=top, deadline=deadline, solver=solver)
+    found = candidates(job, options, Profiles(profile_for), outcome, deadline,
+                       queue.between if deadline.limit_s is not None else None)
+    queue.push(found)
+    queue.drain()
     outcome.wall_s = time.perf_counter() - started
     return outcome
 
@@ -400,30 +382,70 @@ def _solve_order(candidate: Candidate) -> tuple:
     return (candidate.degrees.chunks > 1, candidate.bounds.time_ms, candidate.degrees.key())
 
 
-def _solve_pass(found: list[Candidate], outcome: Outcome, early: set[int], *, top: int, deadline: Deadline,
-                solver: str, solved: set[Degrees]) -> bool:
-    """Solve `found` (in bound order) until the next bound reaches the `top`-th best time: no configuration
-    left in it could enter the ranking (its time is at least its bound, and the bar only falls). False where
-    the deadline stopped it (outcome.unsolved: those left). `solved` collects the degrees solved."""
-    for index, candidate in enumerate(found):
-        bar = outcome.ranked[top - 1].iteration_ms if len(outcome.ranked) >= top else math.inf
+class _Queue:
+    """The kept configurations not yet solved nor pruned, in `_solve_order`: a branch and bound whose bar is the
+    `top`-th best time solved (a configuration's time is at least its bound, and the bar only falls, so one pruned
+    could never enter the ranking)."""
+
+    def __init__(self, outcome: Outcome, *, top: int, deadline: Deadline, solver: str):
+        self.outcome, self.top, self.deadline, self.solver = outcome, top, deadline, solver
+        self.heap: list[tuple] = []
+        self.pushed = 0  # of the enumeration's kept list
+        self.solving_s = 0.0  # on the deadline's clock
+
+    def push(self, kept: list[Candidate]) -> None:
+        for candidate in kept[self.pushed:]:
+            heapq.heappush(self.heap, (_solve_order(candidate), self.pushed, candidate))
+            self.pushed += 1
+
+    def bar(self) -> float:
+        ranked = self.outcome.ranked
+        return ranked[self.top - 1].iteration_ms if len(ranked) >= self.top else math.inf
+
+    def between(self, kept: list[Candidate]) -> None:
+        """Before the enumeration's next configuration: solve in bound order while the solves have taken less
+        of the time than the enumeration (half the limit's time to each)."""
+        self.push(kept)
+        while self.heap and self.solving_s < self.deadline.elapsed_s() - self.solving_s:
+            solves = self.outcome.solved
+            if not self.step():
+                return
+            self.outcome.solved_early += self.outcome.solved - solves
+
+    def drain(self) -> None:
+        """The enumeration done (or stopped): the rest in bound order until the bar or the deadline; what the
+        deadline leaves is pruned where its bound reaches the bar, else counted unsolved (outcome.unsolved, in
+        order)."""
+        while self.heap:
+            if not self.step():
+                break
+        bar, left = self.bar(), [entry[-1] for entry in sorted(self.heap)]
+        self.outcome.pruned_time += sum(c.bounds.time_ms >= bar for c in left)
+        self.outcome.unsolved = [c for c in left if c.bounds.time_ms < bar]
+        if self.outcome.unsolved:
+            self.outcome.complete = False
+        self.heap = []
+
+    def step(self) -> bool:
+        """The best-ordered configuration pruned or solved; False (it kept) where the deadline has passed."""
+        outcome, bar = self.outcome, self.bar()
+        entry = heapq.heappop(self.heap)
+        candidate = entry[-1]
         if candidate.bounds.time_ms >= bar:
-            outcome.pruned_time += sum(id(c) not in early for c in found[index:])
+            outcome.pruned_time += 1
             return True
-        if id(candidate) in early:  # solved already, its plan (if any) ranked: never twice
-            continue
-        if deadline.expired():
-            outcome.complete = False
-            outcome.unsolved = [c for c in found[index:] if id(c) not in early]
+        if self.deadline.expired():
+            heapq.heappush(self.heap, entry)
             return False
-        if not math.isinf(bar) and _bubble_bound_ms(candidate, bar) >= bar:  # an interleaved one's bubble: not solved
+        if not math.isinf(bar) and _bubble_bound_ms(candidate, bar) >= bar:  # an interleaved one's bubble
             outcome.pruned_time += 1
             outcome.pruned_bubble += 1
-            continue
-        solved.add(candidate.degrees)
-        _rank(outcome, solve_one(candidate, upper_bound_ms=None if math.isinf(bar) else bar, deadline=deadline,
-                                 solver=solver), top)
-    return True
+            return True
+        begun = self.deadline.clock()
+        _rank(outcome, solve_one(candidate, upper_bound_ms=None if math.isinf(bar) else bar,
+                                 deadline=self.deadline, solver=self.solver), self.top)
+        self.solving_s += self.deadline.clock() - begun
+        return True
 
 
 def _bubble_bound_ms(candidate: Candidate, bar: float) -> float:
