@@ -50,7 +50,7 @@ def test_the_deadline_stops_the_search_after_n_profiles(n):
     assert outcome.unexplored == len(enumerate_degrees(job)) - stop > 0
     assert not outcome.complete
     # at 3 s the configurations kept are solved in bound order between the profiles (solves free on this clock:
-    # jobsearch._Queue, §43.searchorder), all while the enumeration ran; at 1 s the limit passes with the first, none
+    # searchqueue.Queue, §43.searchorder), all while the enumeration ran; at 1 s the limit passes with the first, none
     # kept
     assert outcome.solved == outcome.solved_early and (outcome.ranked == []) == (outcome.solved == 0) == (n == 1)
 
@@ -101,7 +101,7 @@ def test_a_search_cut_short_among_its_solves_writes_the_best_so_far(tmp_path, cl
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)
     counts = answer["counts"]
-    # under the limit the solves take half the time (jobsearch._Queue): the best bound kept after the first profile
+    # under the limit the solves take half the time (searchqueue.Queue): the best bound kept after the first profile
     # is solved (1000 s), the enumeration catches up (1 s a profile: every one built), then the rest in bound order
     # until the limit: 3 solves, ending at 1,002, 2,020 and 3,020 s (the clock), none started past 2,500
     assert clock[0] == 3020 and counts["solved"] == 3 and counts["solved_early"] == 1 and counts["unexplored"] == 0

@@ -14,7 +14,7 @@ from test_launchers import _tiny_config
 from test_search import MINI, GiB, profile_for
 from test_searchfix import _first_keys, clock  # noqa: F401  (the CLI's clock fixture)
 
-from planner.solve import jobsearch
+from planner.solve import jobsearch, searchqueue
 from planner.solve.deadline import Deadline
 from planner.solve.degrees import JobShape, enumerate_degrees
 
@@ -87,7 +87,7 @@ def test_a_limit_past_the_profiles_ranks_as_no_limit_and_accounts_for_every_conf
 def test_the_solves_after_the_enumeration_come_in_bound_order(monkeypatch):
     solves: list = []
     free, _ = _search(None, solves, monkeypatch)
-    orders = [jobsearch._solve_order(c) for c in solves]
+    orders = [searchqueue.solve_order(c) for c in solves]
     assert orders == sorted(orders) and len(orders) == free.solved > 1
 
 

@@ -175,7 +175,7 @@ class Report:
         return (f"{o.considered} configurations considered ({o.duplicates} the same setup as another, {o.refused} "
                 f"refused): {o.pruned_memory} pruned by the memory bound, {o.pruned_time} by the time bound{_bubble(o)}, "
                 f"{o.solved} solved ({o.solved_without_plan} without a plan that fits or beats the bound"
-                f"{_early(o)}); "
+                f"{_early(o)}){_bounded(o)}; "
                 f"{o.profiles} profiles; {o.wall_s:.1f} s; {done}")
 
     # ------------------------------------------------------------ JSON
@@ -204,6 +204,7 @@ class Report:
                        "pruned_bubble": o.pruned_bubble, "solved": o.solved,
                        "solved_without_plan": o.solved_without_plan, "profiles": o.profiles,
                        "unexplored": o.unexplored, "not_solved": len(o.unsolved), "solved_early": o.solved_early,
+                       "deferred": o.deferred,
                        "best_unsolved_bound_ms": best_unsolved_ms(o),
                        "complete": o.complete,
                        "wall_s": o.wall_s},
@@ -216,6 +217,14 @@ def _early(o) -> str:
         return ""
     return (f"; {o.solved_early} of them solved in bound order while the enumeration ran, half the time spent "
             "to each")
+
+
+def _bounded(o) -> str:
+    """The solves stopped at their share of the time while the enumeration ran (planner/solve/searchqueue.py)."""
+    if not o.deferred:
+        return ""
+    return (f"; {o.deferred} solve{'s' if o.deferred > 1 else ''} stopped at the solves' share of the time while "
+            "the enumeration ran, the configuration waiting for its end")
 
 
 def _bubble(o) -> str:

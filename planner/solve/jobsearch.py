@@ -17,18 +17,16 @@ with the bubble (chunkbound.py, asked only then) reaches the bar: every chunk co
 
 Under a time limit the search is a branch and bound interleaved with the enumeration: before each
 configuration, while the solves have taken less of the time spent than the enumeration (each gets half: a
-policy, no figure fitted), the kept configuration with the best bound not yet solved (search_job's `_Queue`, in
-`_solve_order`) is solved, and one whose bound is no better than the `top`-th best found is pruned. Given the time
-its ranking is the exhaustive search's (the bar only falls, so a configuration pruned stays pruned); cut short,
-it says what it solved, pruned and left unsolved, and the best bound left against the best found. Without a limit
-the enumeration runs first (the fewest solves: the bar is set by the best bounds of all).
+policy, no figure fitted), the kept configuration with the best bound not yet solved is solved within that share,
+and one whose bound is no better than the `top`-th best found is pruned (planner/solve/searchqueue.py: each solve
+is given the bar as its cutoff, and one stopped at its share waits for the enumeration's end). Given the time its ranking is the exhaustive search's; cut short, it says what it solved,
+pruned and left unsolved, and the best bound left against the best found. Without a limit the enumeration runs
+first (the fewest solves: the bar is set by the best bounds of all).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +37,7 @@ from planner.cost import dataparallel, links, nccl_buffers, ub_sms
 from planner.models import copy_engines, network_rate
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve import bounds as bounds_mod
-from planner.solve import chunkbound, search
+from planner.solve import search, searchqueue
 from planner.solve.deadline import Deadline
 from planner.solve.degrees import Degrees, JobShape, enumerate_degrees
 
@@ -117,6 +115,7 @@ class Outcome:
     complete: bool = True  # False: the deadline stopped it before the bound did
     unexplored: int = 0  # configurations not enumerated: the deadline passed while their profiles were built
     solved_early: int = 0  # of `solved`, those solved while the enumeration still ran (under a limit, in bound order)
+    deferred: int = 0  # solves stopped at their share of the time while the enumeration ran: back in line after it
     wall_s: float = 0.0
     nearest: Candidate | None = None  # the configuration nearest to fitting by the memory bound
     unsolved: list[Candidate] = field(default_factory=list)  # bounded below the bar, not solved before the deadline
@@ -367,7 +366,8 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
     started = time.perf_counter()
     deadline = deadline or Deadline(None)
     outcome = Outcome()
-    queue = _Queue(outcome, top=top, deadline=deadline, solver=solver)
+    queue = searchqueue.Queue(outcome, top=top, deadline=deadline, solver=solver,
+                              solve=lambda candidate, **keywords: solve_one(candidate, **keywords))
     found = candidates(job, options, Profiles(profile_for), outcome, deadline,
                        queue.between if deadline.limit_s is not None else None)
     queue.push(found)
@@ -376,108 +376,16 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
     return outcome
 
 
-def _solve_order(candidate: Candidate) -> tuple:
-    """The order configurations are solved in: one chunk a rank first (its DP takes a fraction of a chunked
-    schedule's MILP), then by time bound, then by the degrees' key."""
-    return (candidate.degrees.chunks > 1, candidate.bounds.time_ms, candidate.degrees.key())
-
-
-class _Queue:
-    """The kept configurations not yet solved nor pruned, in `_solve_order`: a branch and bound whose bar is the
-    `top`-th best time solved (a configuration's time is at least its bound, and the bar only falls, so one pruned
-    could never enter the ranking)."""
-
-    def __init__(self, outcome: Outcome, *, top: int, deadline: Deadline, solver: str):
-        self.outcome, self.top, self.deadline, self.solver = outcome, top, deadline, solver
-        self.heap: list[tuple] = []
-        self.pushed = 0  # of the enumeration's kept list
-        self.solving_s = 0.0  # on the deadline's clock
-
-    def push(self, kept: list[Candidate]) -> None:
-        for candidate in kept[self.pushed:]:
-            heapq.heappush(self.heap, (_solve_order(candidate), self.pushed, candidate))
-            self.pushed += 1
-
-    def bar(self) -> float:
-        ranked = self.outcome.ranked
-        return ranked[self.top - 1].iteration_ms if len(ranked) >= self.top else math.inf
-
-    def between(self, kept: list[Candidate]) -> None:
-        """Before the enumeration's next configuration: solve in bound order while the solves have taken less
-        of the time than the enumeration (half the limit's time to each)."""
-        self.push(kept)
-        while self.heap and self.solving_s < self.deadline.elapsed_s() - self.solving_s:
-            solves = self.outcome.solved
-            if not self.step():
-                return
-            self.outcome.solved_early += self.outcome.solved - solves
-
-    def drain(self) -> None:
-        """The enumeration done (or stopped): the rest in bound order until the bar or the deadline; what the
-        deadline leaves is pruned where its bound reaches the bar, else counted unsolved (outcome.unsolved, in
-        order)."""
-        while self.heap:
-            if not self.step():
-                break
-        bar, left = self.bar(), [entry[-1] for entry in sorted(self.heap)]
-        self.outcome.pruned_time += sum(c.bounds.time_ms >= bar for c in left)
-        self.outcome.unsolved = [c for c in left if c.bounds.time_ms < bar]
-        if self.outcome.unsolved:
-            self.outcome.complete = False
-        self.heap = []
-
-    def step(self) -> bool:
-        """The best-ordered configuration pruned or solved; False (it kept) where the deadline has passed."""
-        outcome, bar = self.outcome, self.bar()
-        entry = heapq.heappop(self.heap)
-        candidate = entry[-1]
-        if candidate.bounds.time_ms >= bar:
-            outcome.pruned_time += 1
-            return True
-        if self.deadline.expired():
-            heapq.heappush(self.heap, entry)
-            return False
-        if not math.isinf(bar) and _bubble_bound_ms(candidate, bar) >= bar:  # an interleaved one's bubble
-            outcome.pruned_time += 1
-            outcome.pruned_bubble += 1
-            return True
-        begun = self.deadline.clock()
-        _rank(outcome, solve_one(candidate, upper_bound_ms=None if math.isinf(bar) else bar,
-                                 deadline=self.deadline, solver=self.solver), self.top)
-        self.solving_s += self.deadline.clock() - begun
-        return True
-
-
-def _bubble_bound_ms(candidate: Candidate, bar: float) -> float:
-    """The interleaved schedule's bound with its bubble (chunkbound.py: an LP over the order's actions, tens of
-    ms where a chunked MILP takes seconds), asked only of a configuration about to be solved; 0 for the others.
-    `bar`: where its cheaper form (shared by the configurations that differ in their step) reaches it, that."""
-    if not chunkbound.holds(candidate.setup):
-        return 0.0
-    return chunkbound.iteration_bound_ms(candidate.profile, candidate.setup, bounds_mod.kinds(candidate.profile),
-                                         enough=bar)
-
-
-def _rank(outcome: Outcome, solved: Solved | None, top: int) -> None:
-    """One solve counted, its plan (if any) ranked: the `top` fastest kept."""
-    outcome.solved += 1
-    if solved is None:
-        outcome.solved_without_plan += 1
-        return
-    outcome.ranked.append(solved)
-    outcome.ranked.sort(key=lambda s: (s.iteration_ms, s.degrees.key()))
-    del outcome.ranked[top:]
-
-
 def solve_one(candidate: Candidate, *, upper_bound_ms: float | None, deadline: Deadline,
-              solver: str = "auto") -> Solved | None:
-    """Today's exact plan of one configuration no slower than `upper_bound_ms`, or None. The
-    baselines are not scored first for a starting bound (on 405B they took longer than the DP
-    itself): the search's own bound, the top-th best so far, is the DP's."""
+              solver: str = "auto") -> Solved | search.NoFit | None:
+    """Today's exact plan of one configuration no slower than `upper_bound_ms`, or None (none is); the
+    NoFit "timeout" where `deadline` stopped it before any plan (that proves nothing). The baselines are not
+    scored first for a starting bound (on 405B they took longer than the DP itself): the search's own cutoff
+    (searchqueue.py), the top-th best so far, is the DP's."""
     result = search.plan(candidate.profile, candidate.setup, solver=solver, upper_bound_ms=upper_bound_ms,
                          deadline=Deadline(deadline.remaining_s()), baselines_scored=True)
     if isinstance(result, search.NoFit):
-        return None
+        return result if result.status == "timeout" else None
     return Solved(candidate, result.stages, result.cost, result.solve)
 
 
