@@ -231,6 +231,7 @@ class Profiles:
         self._profile_for = profile_for
         self._cache: dict[tuple[int, bool, int, int, int], tuple[Profile, list]] = {}
         self._float8: dict[tuple[int, int], tuple[Profile, list]] = {}
+        self._runtime: dict[tuple[int, str], Profile] = {}  # float8.runtime_profile's, by profile and settings
 
     def get(self, tp: int, sp: bool, mbs: int, cp: int = 1, ep: int = 1) -> tuple[Profile, list]:
         key = (tp, sp, mbs, cp, ep)
@@ -247,15 +248,20 @@ class Profiles:
         """(profile, layers) as `setup` charges them, float8.float8_profile's as evaluate applies it: under
         Float8 its records (they depend on the setup through its shard group's size: the float8 all-gather
         where FSDP shards, Transformer Engine's once-a-step weight cast times the group), the runtime's
-        fused kernels, its fused SwiGLU's and MoE layers' tensors, the chunked loss; once per profile and
-        shard group (every other input is a setting all the configurations share)."""
-        from planner.cost.float8 import float8_profile
+        fused kernels, its fused SwiGLU's and MoE layers' tensors, the chunked loss; the part that reads the
+        training settings alone once per profile and settings (float8.runtime_profile: B4's 126 blocks' records
+        copied once, not once a shard group), the Float8 records once per profile and shard group (every other
+        input is a setting all the configurations share)."""
+        from planner.cost.float8 import float8_applied, runtime_profile
 
         training = setup.training  # one runtime a search; keyed all the same, as a Profiles may serve two
         key = (id(profile), training.runtime, training.runtime_version,
                dataparallel.shard_size(setup) if training.float8 else 0)
         if key not in self._float8:
-            applied = float8_profile(profile, setup)
+            settings = (id(profile), training.model_dump_json())
+            if settings not in self._runtime:
+                self._runtime[settings] = runtime_profile(profile, setup)
+            applied = float8_applied(self._runtime[settings], setup)
             self._float8[key] = (applied, bounds_mod.kinds(applied))
         return self._float8[key]
 
