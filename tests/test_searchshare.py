@@ -108,3 +108,31 @@ def test_the_dp_reads_the_deadline_within_one_stages_range(monkeypatch):
     with pytest.raises(Expired):
         dpsolve.fastest_plan(profile, setup, upper_bound_ms=None, deadline=Deadline(3.5, clock=clock))
     assert 0 < len(grown) < layers
+
+
+def test_the_command_says_the_solves_stopped_at_their_share(tmp_path, monkeypatch):
+    """The first solve the command begins while it enumerates is stopped at its share (the real clock's seconds
+    spent, under 1000 s): the text and the JSON say it, and the counts still add up."""
+    import json
+
+    from fixtures.cli import run
+    from test_launchers import _tiny_config
+
+    real, begun = jobsearch.solve_one, []
+
+    def solve(candidate, *, deadline, **keywords):
+        begun.append(candidate.degrees)
+        if candidate.degrees == begun[0] and deadline.limit_s < 1000:
+            return NoFit("timeout", deadline.limit_s, "dp")
+        return real(candidate, deadline=deadline, **keywords)
+
+    monkeypatch.setattr(jobsearch, "solve_one", solve)
+    args = ("search", "--arch-config", _tiny_config(tmp_path), "--gpus", "8", "--global-batch", "8", "--seq-len", "512",
+            "--top", "2", "--time-limit", "9999")
+    counts = json.loads(run(*args, "--out", tmp_path / "a.yaml", "--json").stdout)["counts"]
+    kept = counts["considered"] - counts["duplicates"] - counts["refused"] - counts["pruned_memory"]
+    assert counts["deferred"] == 1 and counts["complete"] and counts["solved"] + counts["pruned_time"] == kept
+    begun.clear()
+    said = " ".join(run(*args, "--out", tmp_path / "b.yaml").output.split())
+    assert ("1 solve stopped at the solves' share of the time while the enumeration ran, the configuration waiting "
+            "for its end;") in said
