@@ -389,7 +389,7 @@ def solve_one(candidate: Candidate, *, upper_bound_ms: float | None, deadline: D
     scored first for a starting bound (on 405B they took longer than the DP itself): the search's own cutoff
     (searchqueue.py), the top-th best so far, is the DP's."""
     result = search.plan(candidate.profile, candidate.setup, solver=solver, upper_bound_ms=upper_bound_ms,
-                         deadline=Deadline(deadline.remaining_s()), baselines_scored=True)
+                         deadline=Deadline(deadline.remaining_s(), clock=deadline.clock), baselines_scored=True)
     if isinstance(result, search.NoFit):
         return result if result.status == "timeout" else None
     return Solved(candidate, result.stages, result.cost, result.solve)
