@@ -174,11 +174,16 @@ def test_a_search_ranks_alike_with_and_without_the_reuse(tmp_path, monkeypatch):
                         "--runtime", "megatron", "--json", "--out", tmp_path / f"{name}.yaml")
         data = json.loads(result.stdout)
         data["counts"].pop("wall_s")
+        # under the command's --time-limit the solves interleave with the enumeration by the wall clock
+        # (searchqueue.py, §43.searchorder, §44.searchbb): how many ran before the bar fell, and so how many the bound
+        # pruned or a share stopped, follow the load; the ranking and every other count do not
+        for clocked in ("solved", "solved_without_plan", "solved_early", "pruned_time", "pruned_bubble", "deferred"):
+            data["counts"].pop(clocked)
         data.pop("plan")
         return data
 
     now = searched("now")
     _direct(monkeypatch)
     before = searched("before")
-    assert len(now["ranked"]) == 6 and now["counts"]["solved"] >= 6
+    assert len(now["ranked"]) == 6
     assert now == before

@@ -175,7 +175,7 @@ class Report:
         return (f"{o.considered} configurations considered ({o.duplicates} the same setup as another, {o.refused} "
                 f"refused): {o.pruned_memory} pruned by the memory bound, {o.pruned_time} by the time bound{_bubble(o)}, "
                 f"{o.solved} solved ({o.solved_without_plan} without a plan that fits or beats the bound"
-                f"{_early(o)}); "
+                f"{_early(o)}){_bounded(o)}; "
                 f"{o.profiles} profiles; {o.wall_s:.1f} s; {done}")
 
     # ------------------------------------------------------------ JSON
@@ -204,17 +204,27 @@ class Report:
                        "pruned_bubble": o.pruned_bubble, "solved": o.solved,
                        "solved_without_plan": o.solved_without_plan, "profiles": o.profiles,
                        "unexplored": o.unexplored, "not_solved": len(o.unsolved), "solved_early": o.solved_early,
+                       "deferred": o.deferred,
+                       "best_unsolved_bound_ms": best_unsolved_ms(o),
                        "complete": o.complete,
                        "wall_s": o.wall_s},
             "ranked": ranked, "compared": [one(row) for row in self.others]}, indent=2)
 
 
 def _early(o) -> str:
-    """The solves run while profiles were still built (half the limit gone, nothing ranked yet)."""
+    """The solves run while the enumeration still ran (under a limit, in bound order, half its time to each)."""
     if not o.solved_early:
         return ""
-    return (f"; {o.solved_early} of them the best bound kept when half of --time-limit had gone to profiles, "
-            "solved before the rest were built")
+    return (f"; {o.solved_early} of them solved in bound order while the enumeration ran, half the time spent "
+            "to each")
+
+
+def _bounded(o) -> str:
+    """The solves stopped at their share of the time while the enumeration ran (planner/solve/searchqueue.py)."""
+    if not o.deferred:
+        return ""
+    return (f"; {o.deferred} solve{'s' if o.deferred > 1 else ''} stopped at the solves' share of the time while "
+            "the enumeration ran, the configuration waiting for its end")
 
 
 def _bubble(o) -> str:
@@ -223,11 +233,25 @@ def _bubble(o) -> str:
 
 
 def _left(o) -> str:
-    """What a search cut short by its deadline left: configurations never reached (neither profiled nor bounded)
-    and those that passed the memory bound without a solve."""
+    """What a search cut short by its deadline left: configurations never reached (neither profiled nor bounded),
+    those bounded below the bar and not solved, and the best bound among them against the best time found (the
+    gap the user is left with)."""
     unexplored = (f"{o.unexplored} configurations not explored, the deadline passing before them "
                   f"(profiles built: {o.profiles}); " if o.unexplored else "")
-    return f"{unexplored}{len(o.unsolved)} passing the memory bound not solved"
+    bound = best_unsolved_ms(o)
+    if bound is None:
+        gap = ""
+    elif o.ranked:
+        gap = (f", the best of them bounded at {format_ms(bound)} against {format_ms(o.ranked[0].iteration_ms)} "
+               "found")
+    else:
+        gap = f", the best of them bounded at {format_ms(bound)}"
+    return f"{unexplored}{len(o.unsolved)} passing the memory bound not solved{gap}"
+
+
+def best_unsolved_ms(o) -> float | None:
+    """The least time bound among the configurations left unsolved: no plan left could be faster."""
+    return min((c.bounds.time_ms for c in o.unsolved), default=None)
 
 
 def _stages(solved) -> list[dict]:

@@ -68,6 +68,13 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
     (planner/cost/fusedkernels.py) and kept as its fused SwiGLU keeps them (planner/cost/te_kept.py); without
     --float8 only that. Refuses, in one sentence, a profile
     without Float8 records."""
+    return float8_applied(runtime_profile(profile, setup), setup)
+
+
+def runtime_profile(profile: Profile, setup: TrainSetup) -> Profile:
+    """float8_profile's first part: what reads setup.training alone (the runtime's kernels and kept tensors, TE's
+    records of its MoE blocks and delayed scaling, the chunked loss), so that a search whose configurations share
+    their training settings makes it once a profile (jobsearch.Profiles.for_setup)."""
     from planner.cost import fusedkernels
 
     if setup.training.float8:  # a MoE block's Float8 record is its TE record's (te_moe_float8.py)
@@ -78,7 +85,13 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
                                          router_scores=runtimes.of(setup.training).te_router_scores)
     profile = te_kept.fused_swiglu_profile(profile, runtimes.of(setup.training))
     profile = te_moe_kept.megatron_moe_profile(profile, runtimes.of(setup.training))  # Megatron-core's MoE layers' tensors
-    profile = chunkedloss.chunked_head_profile(profile, setup)  # --chunked-cross-entropy N: the head's backward
+    return chunkedloss.chunked_head_profile(profile, setup)  # --chunked-cross-entropy N: the head's backward
+
+
+def float8_applied(profile: Profile, setup: TrainSetup) -> Profile:
+    """float8_profile's second part, on runtime_profile's profile: the Float8 records applied, which read the
+    setup's shard group (the float8 all-gather where FSDP shards, TE's once-a-step weight cast times the group);
+    the profile itself without --float8."""
     if not setup.training.float8:
         return profile
     if not any(layer.float8 is not None for layer in profile.layers):

@@ -279,8 +279,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
     groups = [(stages, [(0.0, 0, 0, None, None) if fsdp else (0.0, 0, 0, 0)])]
     for j in range(i + 1, max(windows[s][1] for s in stages) + 1):
         m = j - 1
-        if fsdp is not None:  # a range's moment sets may be many: the time limit is read as it grows
-            deadline.check()
+        deadline.check()  # a range's sets may be many (one stage of a whole 8B model: ~2 s a layer, §44.searchbb)
         run.add(time_ms=chain.plain_ms[m], held_bytes=chain.static[m], step_ms=chain.step_ms[m],
                 host_bytes=chain.host[m], params=chain.params[m], largest_params=chain.largest[m],
                 scratch_bytes=chain.step_scratch[m])

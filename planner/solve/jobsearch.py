@@ -15,18 +15,18 @@ chunked ones (the MILP) under the bar they left, an interleaved one pruned befor
 with the bubble (chunkbound.py, asked only then) reaches the bar: every chunk count is solved or pruned so
 (docs/published-runs.md §41.chunklp).
 
-Under a time limit the profiles may take most of it (T11 on 64 GPUs under load: 308 profiles in
-291.5 s of 300). Once half the limit is gone with nothing ranked, the enumeration stops for one solve
-of the best-bound configuration kept so far (search_job's `midway`), its plan ranked and never solved
-again; then it goes on. The ranking stays that of every configuration solved (an extra exact plan in
-it only tightens the bar with a real time); a search whose profiles take under half its limit runs
-exactly as without it.
+Under a time limit the search is a branch and bound interleaved with the enumeration: before each
+configuration, while the solves have taken less of the time spent than the enumeration (each gets half: a
+policy, no figure fitted), the kept configuration with the best bound not yet solved is solved within that share,
+and one whose bound is no better than the `top`-th best found is pruned (planner/solve/searchqueue.py: each solve
+is given the bar as its cutoff, and one stopped at its share waits for the enumeration's end). Given the time its ranking is the exhaustive search's; cut short, it says what it solved,
+pruned and left unsolved, and the best bound left against the best found. Without a limit the enumeration runs
+first (the fewest solves: the bar is set by the best bounds of all).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +37,7 @@ from planner.cost import dataparallel, links, nccl_buffers, ub_sms
 from planner.models import copy_engines, network_rate
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve import bounds as bounds_mod
-from planner.solve import chunkbound, search
+from planner.solve import search, searchqueue
 from planner.solve.deadline import Deadline
 from planner.solve.degrees import Degrees, JobShape, enumerate_degrees
 
@@ -107,17 +107,18 @@ class Outcome:
     duplicates: int = 0  # the same setup as another once the runtime's own mapping is applied
     refused: int = 0  # setups the schema refuses (e.g. a shard group the experts do not divide)
     pruned_memory: int = 0  # memory bound past the card: no solve
-    pruned_time: int = 0  # time bound no better than the top-th best: no solve
+    pruned_time: int = 0  # time bound no better than the top-th best found: no solve (exact, at the end too)
     pruned_bubble: int = 0  # of those, the interleaved ones pruned by the bound with their bubble (chunkbound.py)
     solved: int = 0  # solves run
     solved_without_plan: int = 0  # solved, and no plan fits (or none beats the bound it was given)
     profiles: int = 0  # profiles built
     complete: bool = True  # False: the deadline stopped it before the bound did
     unexplored: int = 0  # configurations not enumerated: the deadline passed while their profiles were built
-    solved_early: int = 0  # of `solved`, those solved while profiles were still built (half the limit gone, no plan)
+    solved_early: int = 0  # of `solved`, those solved while the enumeration still ran (under a limit, in bound order)
+    deferred: int = 0  # solves stopped at their share of the time while the enumeration ran: back in line after it
     wall_s: float = 0.0
     nearest: Candidate | None = None  # the configuration nearest to fitting by the memory bound
-    unsolved: list[Candidate] = field(default_factory=list)  # fit the memory bound, not reached before the deadline
+    unsolved: list[Candidate] = field(default_factory=list)  # bounded below the bar, not solved before the deadline
 
 
 def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainSetup:
@@ -230,6 +231,7 @@ class Profiles:
         self._profile_for = profile_for
         self._cache: dict[tuple[int, bool, int, int, int], tuple[Profile, list]] = {}
         self._float8: dict[tuple[int, int], tuple[Profile, list]] = {}
+        self._runtime: dict[tuple[int, str], Profile] = {}  # float8.runtime_profile's, by profile and settings
 
     def get(self, tp: int, sp: bool, mbs: int, cp: int = 1, ep: int = 1) -> tuple[Profile, list]:
         key = (tp, sp, mbs, cp, ep)
@@ -246,15 +248,20 @@ class Profiles:
         """(profile, layers) as `setup` charges them, float8.float8_profile's as evaluate applies it: under
         Float8 its records (they depend on the setup through its shard group's size: the float8 all-gather
         where FSDP shards, Transformer Engine's once-a-step weight cast times the group), the runtime's
-        fused kernels, its fused SwiGLU's and MoE layers' tensors, the chunked loss; once per profile and
-        shard group (every other input is a setting all the configurations share)."""
-        from planner.cost.float8 import float8_profile
+        fused kernels, its fused SwiGLU's and MoE layers' tensors, the chunked loss; the part that reads the
+        training settings alone once per profile and settings (float8.runtime_profile: B4's 126 blocks' records
+        copied once, not once a shard group), the Float8 records once per profile and shard group (every other
+        input is a setting all the configurations share)."""
+        from planner.cost.float8 import float8_applied, runtime_profile
 
         training = setup.training  # one runtime a search; keyed all the same, as a Profiles may serve two
         key = (id(profile), training.runtime, training.runtime_version,
                dataparallel.shard_size(setup) if training.float8 else 0)
         if key not in self._float8:
-            applied = float8_profile(profile, setup)
+            settings = (id(profile), training.model_dump_json())
+            if settings not in self._runtime:
+                self._runtime[settings] = runtime_profile(profile, setup)
+            applied = float8_applied(self._runtime[settings], setup)
             self._float8[key] = (applied, bounds_mod.kinds(applied))
         return self._float8[key]
 
@@ -269,7 +276,7 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
     `deadline`, looked at before each configuration (a bound costs ~30 ms at 16 GPUs and up, once its profile is
     built: §42.profspeed), the enumeration stops there: those kept so far, the rest counted in
     outcome.unexplored (outcome.complete False). `midway(kept)` is called before each configuration
-    (search_job's early solve)."""
+    (search_job's solves in bound order under a limit)."""
     kept, seen = [], set()
     every = enumerate_degrees(job)
 
@@ -357,105 +364,34 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
                deadline: Deadline | None = None, solver: str = "auto") -> Outcome:
     """The `top` fastest configurations that fit, each with its exact plan (see the module's text).
     Past `deadline` the search stops where it is, building profiles or solving (outcome.complete False:
-    the ranking is the best of what was solved; outcome.unexplored the configurations never reached); at
-    half of it, with nothing ranked, the best-bound candidate kept so far is solved (outcome.solved_early).
+    the ranking is the best of what was solved; outcome.unexplored the configurations never reached,
+    outcome.unsolved those bounded below the bar and not solved); under a limit the kept configurations are
+    solved in bound order while the enumeration runs (outcome.solved_early of them).
     Every chunked configuration the bounds do not prune is solved (chunkbound.py's bound charges the sends and
     reductions: the interleaved ones cost 1.8 s of LPs on an 8B job, docs/published-runs.md §41.chunklp)."""
     started = time.perf_counter()
     deadline = deadline or Deadline(None)
     outcome = Outcome()
-    early: set[int] = set()  # id() of the candidates solved while the enumeration ran
-
-    def midway(kept: list[Candidate]) -> None:
-        """Once half the limit is gone and nothing is ranked yet, the best-bound kept candidate not yet
-        solved is solved (without a bar, as the first solve below would be), so that a limit spent on
-        profiles still answers; within the limit only, each candidate once."""
-        if outcome.ranked or deadline.limit_s is None or deadline.expired() \
-                or deadline.elapsed_s() < deadline.limit_s / 2:
-            return
-        waiting = [c for c in kept if id(c) not in early]
-        if waiting:
-            best = min(waiting, key=_solve_order)
-            early.add(id(best))
-            outcome.solved_early += 1
-            _rank(outcome, solve_one(best, upper_bound_ms=None, deadline=deadline, solver=solver), top)
-
-    found = candidates(job, options, Profiles(profile_for), outcome, deadline, midway)
-    found.sort(key=_solve_order)
-    # one pass a kind: the one-chunk configurations (the exact DP, fast) first, then the chunked ones (the
-    # MILP, seconds each), each pass in bound order and stopped by the bar the passes before it set
-    one_chunk, chunked_ones = [c for c in found if c.degrees.chunks == 1], [c for c in found if c.degrees.chunks > 1]
-    solved: set[Degrees] = {c.degrees for c in found if id(c) in early}
-    if not _solve_pass(one_chunk, outcome, early, top=top, deadline=deadline, solver=solver, solved=solved):
-        outcome.unsolved += [c for c in chunked_ones if id(c) not in early]
-    else:
-        _solve_pass(chunked_ones, outcome, early, top=top, deadline=deadline, solver=solver, solved=solved)
+    queue = searchqueue.Queue(outcome, top=top, deadline=deadline, solver=solver,
+                              solve=lambda candidate, **keywords: solve_one(candidate, **keywords))
+    found = candidates(job, options, Profiles(profile_for), outcome, deadline,
+                       queue.between if deadline.limit_s is not None else None)
+    queue.push(found)
+    queue.drain()
     outcome.wall_s = time.perf_counter() - started
     return outcome
 
 
-def _solve_order(candidate: Candidate) -> tuple:
-    """The order configurations are solved in: one chunk a rank first (its DP takes a fraction of a chunked
-    schedule's MILP), then by time bound, then by the degrees' key."""
-    return (candidate.degrees.chunks > 1, candidate.bounds.time_ms, candidate.degrees.key())
-
-
-def _solve_pass(found: list[Candidate], outcome: Outcome, early: set[int], *, top: int, deadline: Deadline,
-                solver: str, solved: set[Degrees]) -> bool:
-    """Solve `found` (in bound order) until the next bound reaches the `top`-th best time: no configuration
-    left in it could enter the ranking (its time is at least its bound, and the bar only falls). False where
-    the deadline stopped it (outcome.unsolved: those left). `solved` collects the degrees solved."""
-    for index, candidate in enumerate(found):
-        bar = outcome.ranked[top - 1].iteration_ms if len(outcome.ranked) >= top else math.inf
-        if candidate.bounds.time_ms >= bar:
-            outcome.pruned_time += sum(id(c) not in early for c in found[index:])
-            return True
-        if id(candidate) in early:  # solved already, its plan (if any) ranked: never twice
-            continue
-        if deadline.expired():
-            outcome.complete = False
-            outcome.unsolved = [c for c in found[index:] if id(c) not in early]
-            return False
-        if not math.isinf(bar) and _bubble_bound_ms(candidate, bar) >= bar:  # an interleaved one's bubble: not solved
-            outcome.pruned_time += 1
-            outcome.pruned_bubble += 1
-            continue
-        solved.add(candidate.degrees)
-        _rank(outcome, solve_one(candidate, upper_bound_ms=None if math.isinf(bar) else bar, deadline=deadline,
-                                 solver=solver), top)
-    return True
-
-
-def _bubble_bound_ms(candidate: Candidate, bar: float) -> float:
-    """The interleaved schedule's bound with its bubble (chunkbound.py: an LP over the order's actions, tens of
-    ms where a chunked MILP takes seconds), asked only of a configuration about to be solved; 0 for the others.
-    `bar`: where its cheaper form (shared by the configurations that differ in their step) reaches it, that."""
-    if not chunkbound.holds(candidate.setup):
-        return 0.0
-    return chunkbound.iteration_bound_ms(candidate.profile, candidate.setup, bounds_mod.kinds(candidate.profile),
-                                         enough=bar)
-
-
-def _rank(outcome: Outcome, solved: Solved | None, top: int) -> None:
-    """One solve counted, its plan (if any) ranked: the `top` fastest kept."""
-    outcome.solved += 1
-    if solved is None:
-        outcome.solved_without_plan += 1
-        return
-    outcome.ranked.append(solved)
-    outcome.ranked.sort(key=lambda s: (s.iteration_ms, s.degrees.key()))
-    del outcome.ranked[top:]
-
-
 def solve_one(candidate: Candidate, *, upper_bound_ms: float | None, deadline: Deadline,
-              solver: str = "auto") -> Solved | None:
-    """Today's exact plan of one configuration no slower than `upper_bound_ms`, or None. The
-    baselines are not scored first for a starting bound (on 405B they took longer than the DP
-    itself): the search's own bound, the top-th best so far, is the DP's."""
+              solver: str = "auto") -> Solved | search.NoFit | None:
+    """Today's exact plan of one configuration no slower than `upper_bound_ms`, or None (none is); the
+    NoFit "timeout" where `deadline` stopped it before any plan (that proves nothing). The baselines are not
+    scored first for a starting bound (on 405B they took longer than the DP itself): the search's own cutoff
+    (searchqueue.py), the top-th best so far, is the DP's."""
     result = search.plan(candidate.profile, candidate.setup, solver=solver, upper_bound_ms=upper_bound_ms,
-                         deadline=Deadline(deadline.remaining_s()), baselines_scored=True)
+                         deadline=Deadline(deadline.remaining_s(), clock=deadline.clock), baselines_scored=True)
     if isinstance(result, search.NoFit):
-        return None
+        return result if result.status == "timeout" else None
     return Solved(candidate, result.stages, result.cost, result.solve)
 
 
