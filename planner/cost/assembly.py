@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.cost import (
+    boundgrad,
     dataparallel,
     gathered,
     megatron_fsdp_moments,
@@ -344,6 +345,8 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
         for term in rows:
             values[term.quantity] += term.value(layer, ckpt, ctx)
         per_layer.append(values)
+    # before the last stage, its receive buffer is the gradient its last layer's backward runs on (boundgrad.py)
+    per_layer[-1]["extra"] -= boundgrad.closing_grad_bytes(last, int(options[-1]), stage=stage, profile=profile, setup=setup)
     per_layer = megatron_fsdp_moments.stage_moments(  # Megatron-FSDP's, then FSDP2's units beside a pipeline
         layers, options, te_offload.stage_window(layers, options, per_layer, rows, ctx) or per_layer, stage=stage, ctx=ctx)
     for values in per_layer:
