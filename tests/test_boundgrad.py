@@ -3,6 +3,7 @@ the profile's amount by hand, evaluate's stage before the last by hand, and the 
 brute force where a stage before the last peaks at its last layer's backward."""
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -149,3 +150,38 @@ def test_the_chunked_milp_equals_brute_force_where_a_virtual_stage_closes_before
     problem = milp.build_problem(profile, setup)
     assert milp.solve(problem, mip_gap=0.0, threads=1).objective == pytest.approx(min(fitting), rel=1e-6)
     assert costmodel.evaluate(milp.extract_plan(problem), profile, setup).feasible
+
+
+@pytest.mark.slow
+def test_a_two_stage_plan_on_gloo_runs_at_its_predicted_peak_on_the_stage_before_the_last(tmp_path):
+    """dp_tiny (8 x Linear(32, 32) + Tanh) profiled, split 4 | 4 under GPipe, 4 microbatches of 4, launched on gloo
+    against one process: stage 0's measured peak is its prediction to the byte, and the prediction that counts its
+    last block's incoming gradient again (the profile read as one made before the field: incoming_grad_bytes 0) is
+    over by exactly that gradient, 4 x 32 x 4 B."""
+    from fixtures.cli import run_ok
+
+    from planner import io
+    from planner.cost.assembly import with_predictions
+    from planner.runtime.launcher import run_plan
+    from planner.runtime.reference import against_reference
+    from planner.schema import StagePlan
+
+    profile_path, plan_path = tmp_path / "tiny.json", tmp_path / "plan.yaml"
+    run_ok("profile", Path(__file__).parent / "fixtures" / "dp_tiny.py", "--micro-batch-size", "4", "--threads", "1",
+           "--repeats", "1", "--warmup", "1", "--out", profile_path)
+    run_ok("solve", "--profile", profile_path, "--stages", "2", "--schedule", "GPipe", "--mem", "1GiB",
+           "--microbatches", "4", "--out", plan_path)
+    solved, profile = io.load_plan(plan_path), io.load_profile(profile_path)
+    assert profile.layers[3].incoming_grad_bytes == 4 * 32 * 4
+    stages = [StagePlan(index=0, layers=["0", "1", "2", "3"]), StagePlan(index=1, layers=["4", "5", "6", "7"])]
+    plan = solved.model_copy(update={"stages": with_predictions(stages, costmodel.evaluate(stages, profile,
+                                                                                            solved.setup))})
+    io.save_plan(plan, plan_path)
+    report = run_plan(io.load_plan(plan_path), plan_file=plan_path, steps=1, warmup_steps=1)
+    assert all(diff.ok for diff in against_reference(plan, report, plan_file=plan_path, seed=0))
+    first = report.stages[0]
+    assert first.measured.peak_bytes == first.predicted.peak_bytes
+    before = profile.model_copy(update={"layers": [item.model_copy(update={"incoming_grad_bytes": 0})
+                                                   for item in profile.layers]})
+    twice = costmodel.evaluate(stages, before, solved.setup).stages[0].peak_bytes
+    assert twice - first.measured.peak_bytes == 4 * 32 * 4
