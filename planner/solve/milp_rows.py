@@ -117,9 +117,10 @@ def _closing_rows(problem: Problem, s: int, g: int, n, closes, scratch, later: d
         lp += z <= last[o], f"closing_last_{s}_{g}_{o}"
         lp += z <= ends, f"closing_ends_{s}_{g}_{o}"
         cuts[o] = down[o] / MIB * z
-        before = _extra(problem, run.layer, o) - _layer(problem, ("kept",), run.layer, o)
-        if run.size == 1 or before <= 0:
-            continue
+        kept = _layer(problem, ("kept",), run.layer, o)
+        before = _extra(problem, run.layer, o) - kept
+        if run.size == 1 or before <= 0 or kept >= down[o]:
+            continue  # (where o keeps at least what comes off, the last layer's own row is the larger)
         count = problem.r[s, g, o] if o else n(s, g) - pulp.lpSum(problem.r[s, g, p] for p in problem.order[g])
         several = pulp.LpVariable(f"tc_{s}_{g}_{o}", cat="Binary")
         lp += count <= 1 + (run.size - 1) * several, f"closing_several_{s}_{g}_{o}"
