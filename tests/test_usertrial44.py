@@ -139,3 +139,14 @@ def test_an_entry_with_a_shell_expansion_is_refused_not_written_as_text(tmp_path
     run_ok("export", tmp_path / "plan.yaml", "--to", "slurm", "--out", tmp_path / "ok.sh", "--entry",
            "pretrain_gpt.py --num-layers 10 --data-path 'a b'")
     assert "pretrain_gpt.py --num-layers 10 --data-path 'a b'" in (tmp_path / "ok.sh").read_text()
+
+
+def test_search_refuses_an_entry_with_a_shell_expansion_before_searching(tmp_path):
+    """`search --launch-files DIR --entry ...` read --entry with its own shlex split, so the launch files it writes
+    would carry "${CKPLAN_MEGATRON_ARGS[@]}" as a literal argument, as export's did: one reading (launchers.entry_argv),
+    refused before any configuration is searched and no file written."""
+    result = run("search", "--arch", "llama3-8b", "--gpus", "8", "--global-batch", "8", "--seq-len", "1024",
+                 "--launch-files", tmp_path / "launch", "--entry", 'pretrain_gpt.py "${CKPLAN_MEGATRON_ARGS[@]}"')
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and said.count("Error:") == 1 and not (tmp_path / "launch").exists()
+    assert "--entry: '${CKPLAN_MEGATRON_ARGS[@]}' would reach the program as that text" in said

@@ -244,14 +244,10 @@ def _check_compare(model: _Model) -> None:
 
 
 def _entry(entry: str | None) -> tuple[str, ...] | None:
-    import shlex
+    """--entry as export reads it (launchers.entry_argv: a shell expansion refused, never written as text)."""
+    from planner.emit import launchers
 
-    if entry is None:
-        return None
-    try:
-        return tuple(shlex.split(entry))
-    except ValueError as exc:
-        raise UserError(f"--entry {entry!r}: {exc}") from exc
+    return None if entry is None else launchers.entry_argv(entry)
 
 
 def _profile_out(out: Path) -> Path:
