@@ -4,9 +4,12 @@ command before and after, on a tiny case."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fixtures.cli import run, run_ok
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 # a Megatron-LM job as a user writes it (YAML mapping of flags), small enough to score in seconds: GQA 4
 # heads over 2 groups of head dim 64, SwiGLU, untied, a 1,024-token vocabulary (a multiple of 128: no padding)
@@ -150,3 +153,18 @@ def test_search_refuses_an_entry_with_a_shell_expansion_before_searching(tmp_pat
     said = " ".join(result.output.split())
     assert result.exit_code == 1 and said.count("Error:") == 1 and not (tmp_path / "launch").exists()
     assert "--entry: '${CKPLAN_MEGATRON_ARGS[@]}' would reach the program as that text" in said
+
+
+def test_search_on_a_cpu_profile_says_its_times_are_the_cpus_and_no_tokens(tmp_path):
+    """`search --profile` of a model file's CPU profile titled "4 x h100-sxm, batch 32 x 0 tokens" and printed
+    tok/s/GPU 0 on every row: the profile records no sequence length, and its times are the CPU's beside the named
+    GPU's links and memory (§44.usertrial7, noticed). Now the title says so and tokens are "-" (JSON null), as the
+    MFU column says not known."""
+    made = FIXTURES / "chunked-milp-profile.json"
+    result = run_ok("search", "--profile", made, "--gpus", "2", "--global-batch", "8", "--top", "2",
+                    "--time-limit", "60", "--out", tmp_path / "best.yaml")
+    said = " ".join(result.output.split())
+    assert "(times as profiled on cpu), batch 8 samples," in said and "x 0 tokens" not in said
+    found = json.loads(run_ok("search", "--profile", made, "--gpus", "2", "--global-batch", "8", "--top", "2",
+                              "--time-limit", "60", "--json", "--out", tmp_path / "best2.yaml").stdout)
+    assert found["ranked"] and all(row["tokens_per_s_per_gpu"] is None for row in found["ranked"])

@@ -199,7 +199,8 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
                                       deadline=deadline)
     outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=deadline)
     report = search_report.Report(outcome, compared, job=job, options=options, gpu=device, arch=model.arch,
-                                  seq_len=seq_len, global_batch=global_batch, out=out if outcome.ranked else None)
+                                  seq_len=seq_len, global_batch=global_batch, out=out if outcome.ranked else None,
+                                  timed_on=_timed_on(model))
     if outcome.ranked:
         best = outcome.ranked[0]
         search_report.write_plan(best, out, _profile_out(out), model.ref)
@@ -360,6 +361,13 @@ def _attention_kernel(kernel: str | None, model: _Model, device, seq_len: int, s
     if unmodelled:
         say(unmodelled)
     return kernel
+
+
+def _timed_on(model: _Model) -> str | None:
+    """A measured profile not made on a GPU: its times are that device's, the named GPU's links and memory beside them."""
+    profile = model.profile
+    return None if profile is None or profile.device.type == "cuda" or "gpu" in profile.assumptions else \
+        profile.device.type
 
 
 def _gpu(name: str, model: _Model):

@@ -90,9 +90,11 @@ def _solve_limit_s(share) -> float:
 
 
 class Report:
-    def __init__(self, outcome, compared, *, job, options, gpu, arch, seq_len, global_batch, out):
+    def __init__(self, outcome, compared, *, job, options, gpu, arch, seq_len, global_batch, out,
+                 timed_on: str | None = None):
         self.outcome, self.job, self.options, self.gpu, self.out = outcome, job, options, gpu, out
-        self.seq_len, self.global_batch = seq_len, global_batch
+        self.seq_len, self.global_batch = seq_len, global_batch  # seq_len 0: a profile that records none
+        self.timed_on = timed_on  # the device a measured profile's times are from, where not the GPU named
         self.arch = arch
         self.rows = [solved_row(s, i) for i, s in enumerate(outcome.ranked)]
         self.others = [scored_row(s) for s in compared]
@@ -100,7 +102,8 @@ class Report:
     # ------------------------------------------------------------ figures of a row
 
     def tokens_per_gpu_s(self, row: Row) -> float | None:
-        if row.iteration_ms is None:
+        """None where not known: no iteration, or a profile that records no sequence length (a model file's)."""
+        if row.iteration_ms is None or not self.seq_len:
             return None
         return self.global_batch * self.seq_len / (row.iteration_ms / 1e3) / self.job.gpus
 
@@ -131,8 +134,10 @@ class Report:
         from planner.commands.search_settings import spelled, stated
         from planner.console import console, table
 
-        title = (f"ckplan search: {self.job.gpus} x {self.gpu.name}, batch {self.global_batch} x {self.seq_len} "
-                 f"tokens, {self.options.runtime}'s runtime")
+        batch = f"{self.global_batch} x {self.seq_len} tokens" if self.seq_len else f"{self.global_batch} samples"
+        timed = f" (times as profiled on {self.timed_on})" if self.timed_on else ""
+        title = (f"ckplan search: {self.job.gpus} x {self.gpu.name}{timed}, batch {batch}, "
+                 f"{self.options.runtime}'s runtime")
         columns = ["#", "configuration", "iteration", "tok/s/GPU", f"MFU ({mfu_named(self.options.runtime)}'s)",
                    "reserved", "% card"]
         rows = [self._cells(row) for row in self.rows]
@@ -165,7 +170,8 @@ class Report:
         tokens, mfu = self.tokens_per_gpu_s(row), self.mfu(row)
         share = row.device_bytes / row.cap_bytes
         fits = "" if row.fits else " NO"
-        return [row.name if ranked else "-", label, format_ms(row.iteration_ms), f"{tokens:,.0f}", f"{mfu:.3f}" if mfu is not None else "-",
+        return [row.name if ranked else "-", label, format_ms(row.iteration_ms), f"{tokens:,.0f}" if tokens is not None else "-",
+                f"{mfu:.3f}" if mfu is not None else "-",
                 format_bytes(row.device_bytes), f"{share * 100:.0f}%{fits}"]
 
     def counts(self) -> str:
