@@ -12,7 +12,7 @@ import pytest
 from fixtures.cli import run_ok
 
 from planner import io
-from planner.cost import costmodel, replay_memo
+from planner.cost import costmodel, replay_memo, reserve_megatron, reserve_megatron_chunks
 from planner.models.synthetic import uniform_blocks
 from planner.schema import AllocRecord, DeviceInfo, StagePlan, TrainSetup
 
@@ -102,7 +102,8 @@ def test_every_input_is_in_the_key():
     cost = costmodel.evaluate(plan, profile, setup)
     stage, stage_cost = plan[1], cost.stages[1]
 
-    def key(stage=stage, stage_cost=stage_cost, index=1, profile=profile, setup=setup, route="megatron"):
+    def key(stage=stage, stage_cost=stage_cost, index=1, profile=profile, setup=setup,
+            route=reserve_megatron.replay_stage):
         return replay_memo.stage_key(route, stage, stage_cost, index, profile=profile, setup=setup)
 
     base = key()
@@ -116,7 +117,7 @@ def test_every_input_is_in_the_key():
         key(profile=profile.model_copy(update={"layers": [*profile.layers[:5], profile.layers[5].model_copy()]})),
         key(profile=profile.model_copy()),
         key(setup=setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"microbatches": 8})})),
-        key(route="megatron-chunks"),
+        key(route=reserve_megatron_chunks.replay_rank),
     ]
     assert base not in changed and len(set(changed)) == len(changed)
     played = []

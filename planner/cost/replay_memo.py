@@ -25,8 +25,9 @@ _PROFILES: dict[int, tuple] = {}  # id(profile) -> (a weak reference to it, its 
 _TOKENS = itertools.count()
 
 
-def stage_key(route: str, plan: StagePlan, cost, index: int, *, profile: Profile, setup: TrainSetup) -> tuple:
-    """What a replay of `route` reads of one stage, as values (the module's text), cap and allocator aside."""
+def stage_key(route, plan: StagePlan, cost, index: int, *, profile: Profile, setup: TrainSetup) -> tuple:
+    """What a replay of `route` (its function) reads of one stage, as values (the module's text), cap and allocator
+    aside."""
     stage = (plan.index, tuple(plan.layers), tuple(plan.checkpointed), tuple(sorted(plan.recompute.items())),
              tuple(map(tuple, plan.chunks)))
     return route, stage, repr(cost), index, _profile_key(profile), setup.model_dump_json()

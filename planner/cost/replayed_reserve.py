@@ -73,7 +73,7 @@ def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile
         # but M17's, whose allocated peak is itself 26% short (docs/published-runs.md §15.ttalloc): the
         # fragmentation margin is retired where it runs.
         expandable = reserve_fsdp2.expandable_segments(profile, setup)
-        key = stage_key("fsdp2", plan, cost, index, profile=profile, setup=setup) + (expandable,)
+        key = stage_key(reserve_fsdp2.replay, plan, cost, index, profile=profile, setup=setup) + (expandable,)
         stage = functools.cache(lambda: reserve_fsdp2.stage_of(plan, cost, stage=index, profile=profile, setup=setup))
         return (lambda cap: remembered(key + (cap,), lambda: reserve_fsdp2.replay(stage(), expandable=expandable,
                                                                                   cap_bytes=cap)),
@@ -82,25 +82,27 @@ def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile
     route = _other_route(setup)
     if route is None:
         return _own_replay(cost, plan, index, profile=profile, setup=setup, by_peak=by_peak)
-    name, play = route
-    key = stage_key(name, plan, cost, index, profile=profile, setup=setup)
+    replay, play = route
+    key = stage_key(replay, plan, cost, index, profile=profile, setup=setup)
     return (lambda cap: remembered(key + (cap,), lambda: play(plan, cost, index, profile=profile, setup=setup,
                                                               cap_bytes=cap)), by_peak)
 
 
-def _other_route(setup: TrainSetup) -> tuple[str, Callable] | None:
-    """The replay of another runtime's step than FSDP2's that orders the setup's, as (its name, its replay of
-    (plan, cost, index) under a cap); None: ckplan's own, or none."""
+def _other_route(setup: TrainSetup) -> tuple[Callable, Callable] | None:
+    """The replay of another step than FSDP2's that orders the setup's, as (its function, the key's route; a call of
+    it on (plan, cost, index) under a cap); None: ckplan's own, or none."""
     if reserve_megatron_fsdp.replays(setup):  # Megatron-LM's step under Megatron-FSDP's double buffer, one stage
-        return "megatron-fsdp", lambda plan, cost, index, **named: reserve_megatron_fsdp.replay_stage(plan, cost, **named)
+        replay = reserve_megatron_fsdp.replay_stage
+        return replay, lambda plan, cost, index, **named: replay(plan, cost, **named)
     if reserve_deepspeed.replays(setup):  # DeepSpeed's ZeRO 3: its coordinator's gathers, buckets and partitions
-        return "deepspeed", lambda plan, cost, index, **named: reserve_deepspeed.replay_stage(plan, cost, **named)
+        replay = reserve_deepspeed.replay_stage
+        return replay, lambda plan, cost, index, **named: replay(plan, cost, **named)
     if reserve_megatron.replays(setup):  # DDP or the distributed optimizer: its buffers, optimizer and schedule
         if setup.pipeline.chunks > 1:
-            return "megatron-chunks", lambda plan, cost, index, **named: reserve_megatron_chunks.replay_rank(
-                plan, cost, rank=index, **named)
-        return "megatron", lambda plan, cost, index, **named: reserve_megatron.replay_stage(plan, cost, stage=index,
-                                                                                            **named)
+            replay = reserve_megatron_chunks.replay_rank
+            return replay, lambda plan, cost, index, **named: replay(plan, cost, rank=index, **named)
+        replay = reserve_megatron.replay_stage
+        return replay, lambda plan, cost, index, **named: replay(plan, cost, stage=index, **named)
     return None
 
 
