@@ -40,8 +40,19 @@ def test_1f1b_holds_every_backward_before_its_last_steady_one(stage, held):
 
 def test_one_at_a_time_where_torch_drops_it_or_the_schedule_peaks_first():
     assert held_input_grads(2, _titan("b5bcd76c")) == 1  # dropped once read (pytorch#164329)
-    assert held_input_grads(2, _titan(schedule="GPipe")) == 1  # GPipe peaks at its first backward
     assert held_input_grads(2, _titan(schedule="interleaved-1F1B", chunks=2)) == 1  # the walk holds its own
+
+
+def test_gpipe_holds_none_at_its_first_backward():
+    """torch 2.13.0's ScheduleGPipe runs every forward, then the backwards, waiting for their sends after the last:
+    at the first backward, its peak, no input gradient is made yet, and the one its first layer makes is in that
+    layer's backward transient (measure._transient_bytes: the layer's input needs a gradient). Gemma 3's last stage
+    (2 stages, 4 microbatches) measured the 4 receive buffers alone (docs/published-runs.md §44.smallfix)."""
+    for version in ("9dec370", "b5bcd76c"):
+        assert held_input_grads(2, _titan(version, schedule="GPipe")) == 0
+    block = layer_costs(uniform_blocks(8))[3]
+    assert first_layer_buffer_bytes(block, 2, _titan(schedule="GPipe")) == 8 * block.input_bytes
+    assert first_layer_buffer_bytes(block, 2, _titan(schedule="1F1B")) == (8 + 7) * block.input_bytes
 
 
 def test_the_buffers_term_counts_them():

@@ -47,9 +47,11 @@ def test_linear_gelu_linear_exact_bytes():
     assert [layer.input_bytes for layer in result.layers] == [48, 96, 96]
     assert [layer.output_bytes for layer in result.layers] == [96, 96, 24]
     assert result.batch_input_bytes == 48
-    # mse_loss saves the output (Linear(8,2)'s, excluded: it is the last layer's output_bytes)
-    # and the target (3x2), which no layer kept; the loss value itself (one float) is kept too.
-    assert result.loss_bytes == 3 * 2 * F32 + F32
+    assert result.batch_target_bytes == 3 * 2 * F32
+    # mse_loss saves the output (Linear(8,2)'s, excluded: it is the last layer's output_bytes) and the
+    # target (3x2), the batch's own storage, which the schedule holds (rules.batch_bytes: charged there, not
+    # again here: docs/framework-facts.md §647); the loss value itself (one float) is kept.
+    assert result.loss_bytes == F32
 
 
 def test_relu_output_is_charged_once():
@@ -277,7 +279,11 @@ def test_kept_plus_worst_transient_predicts_the_training_step_peak(model_file):
     measured = peak["Total"] - sum(v for k, v in peak.items() if k in ("Parameter", "Buffer", "Gradient"))
     kept = sum(layer.act_bytes for layer in result.layers) - result.layers[0].input_in_act_bytes
     kept += storage_nbytes(inputs) + result.layers[-1].output_bytes + result.loss_bytes
-    predicted = kept + max(layer.transient_bytes for layer in result.layers)
+    # and the seed gradient autograd makes for the scalar loss, live through the whole backward (torch 2.13.0
+    # autograd/__init__.py 225-234, framework-facts §649), which the cost model does not charge (§44.smallfix);
+    # the targets were created before the tracker and are not among its bytes
+    seed = F32
+    predicted = kept + max(layer.transient_bytes for layer in result.layers) + seed
     print(f"{model_file}: predicted peak {predicted} measured {measured} ({predicted / measured - 1:+.2%})")
     assert measured <= predicted <= 1.05 * measured, (predicted, measured)
 

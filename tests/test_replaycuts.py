@@ -242,3 +242,64 @@ def test_a_solve_the_deadline_stopped_says_so(tmp_path, profile):
     assert cut_short(info) == ("--time-limit ran out after 61.2 s, before the solver finished: this is the best plan "
                                "it had then (a baseline where it had none faster); a longer --time-limit lets it "
                                "finish and may find a faster plan")
+
+
+class _Clock:
+    """A clock the test moves."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_cuts_keep_the_time_while_a_round_leaves_the_search_over_caps_its_rounds():
+    """No share of the time fixed: the first round takes what is left; each later one starts while the time left
+    holds it and replayfit.REPLAY_ROUNDS more at the rounds' mean so far, and is given that time less theirs."""
+    clock = _Clock()
+    rounds = replaycuts._Rounds(search.Deadline(100.0, clock=clock), after=replayfit.REPLAY_ROUNDS)
+    assert replayfit.REPLAY_ROUNDS == 6
+    assert rounds.next().limit_s == 100.0
+    clock.now = 10.0
+    rounds.ended()  # one round of 10 s: 90 s left >= 7 x 10
+    assert rounds.next().limit_s == 90.0 - 6 * 10.0
+    clock.now = 30.0
+    rounds.ended()  # a round of 20 s: mean 15, 70 s left < 7 x 15
+    assert rounds.next() is None
+    unlimited = replaycuts._Rounds(search.Deadline(None), after=6)
+    unlimited.taken.append(1e9)
+    assert unlimited.next().limit_s is None
+    alone = replaycuts._Rounds(search.Deadline(100.0, clock=clock), after=0)  # nothing after: all that is left
+    clock.now = 80.0
+    alone.taken.append(50.0)
+    assert alone.next().limit_s == 50.0
+
+
+@pytest.mark.parametrize("round_s, solves", [(30.0, 1), (12.0, 2), (10.0, 4)])
+def test_the_cuts_give_way_when_the_time_left_holds_no_more_rounds(profile, monkeypatch, round_s, solves):
+    """A 100 s solve at 918 MiB, whose cuts close at their fourth solve, its DP solves taking `round_s` each: at
+    30 s one round (70 s left < 7 x 30), at 12 s two (76 s < 84), at 10 s the four they need (after the third,
+    70 s = 7 x 10): the fastest plan that fits, proven. Where they give way, their bound is the search's."""
+    from planner.solve import dpsolve
+
+    clock = _Clock()
+    solve = dpsolve.fastest_plan
+
+    def timed(*args, **kwargs):  # done as its time is up
+        found = solve(*args, **kwargs)
+        clock.now += round_s
+        return found
+
+    monkeypatch.setattr(dpsolve, "fastest_plan", timed)
+    setup = _setup(918)
+    relaxed = replayfit.relaxed_caps(profile, setup)
+    found = replaycuts.fastest_fitting(profile, setup, relaxed, known=None, upper_bound_ms=None,
+                                       evaluate=lambda s: costmodel.evaluate(s, profile, setup),
+                                       deadline=search.Deadline(100.0, clock=clock))
+    assert clock.now == solves * round_s
+    if solves == 4:
+        assert found.solve.status == "optimal" and found.cost.iteration_ms == 580.0 and found.solve.solves == 4
+        return
+    assert isinstance(found, replaycuts.Unclosed) and found.solves == solves
+    assert found.excluded >= solves and found.bound_ms <= 580.0

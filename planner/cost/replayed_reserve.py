@@ -5,6 +5,7 @@ with torch's out-of-memory path (planner/cost/capped_reserve.py). Nothing here r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from planner import collector
@@ -21,6 +22,7 @@ from planner.cost import (
 )
 from planner.cost.allocator import Replayed
 from planner.cost.assembly import StageCost
+from planner.cost.replay_memo import remembered, stage_key
 from planner.schema import OPTION_NONE, OPTION_OFFLOAD, Profile, StagePlan, TrainSetup
 
 
@@ -70,23 +72,42 @@ def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile
         # under the allocator the launch ran, is within 10% of every published torchtitan reserve it orders
         # but M17's, whose allocated peak is itself 26% short (docs/published-runs.md §15.ttalloc): the
         # fragmentation margin is retired where it runs.
-        stage = reserve_fsdp2.stage_of(plan, cost, stage=index, profile=profile, setup=setup)
         expandable = reserve_fsdp2.expandable_segments(profile, setup)
-        return (lambda cap: reserve_fsdp2.replay(stage, expandable=expandable, cap_bytes=cap),
+        key = stage_key(reserve_fsdp2.replay, plan, cost, index, profile=profile, setup=setup) + (expandable,)
+        stage = functools.cache(lambda: reserve_fsdp2.stage_of(plan, cost, stage=index, profile=profile, setup=setup))
+        return (lambda cap: remembered(key + (cap,), lambda: reserve_fsdp2.replay(stage(), expandable=expandable,
+                                                                                  cap_bytes=cap)),
                 lambda replayed: reserve_fsdp2.reserved_bytes(replayed, cost.peak_bytes))
     by_peak: Callable[[Replayed], int] = lambda replayed: reserve.reserved_bytes(replayed, cost.peak_bytes)  # noqa: E731
+    route = _other_route(setup)
+    if route is None:
+        return _own_replay(cost, plan, index, profile=profile, setup=setup, by_peak=by_peak)
+    replay, play = route
+    key = stage_key(replay, plan, cost, index, profile=profile, setup=setup)
+    return (lambda cap: remembered(key + (cap,), lambda: play(plan, cost, index, profile=profile, setup=setup,
+                                                              cap_bytes=cap)), by_peak)
+
+
+def _other_route(setup: TrainSetup) -> tuple[Callable, Callable] | None:
+    """The replay of another step than FSDP2's that orders the setup's, as (its function, the key's route; a call of
+    it on (plan, cost, index) under a cap); None: ckplan's own, or none."""
     if reserve_megatron_fsdp.replays(setup):  # Megatron-LM's step under Megatron-FSDP's double buffer, one stage
-        return (lambda cap: reserve_megatron_fsdp.replay_stage(plan, cost, profile=profile, setup=setup, cap_bytes=cap),
-                by_peak)
+        replay = reserve_megatron_fsdp.replay_stage
+        return replay, lambda plan, cost, index, **named: replay(plan, cost, **named)
     if reserve_deepspeed.replays(setup):  # DeepSpeed's ZeRO 3: its coordinator's gathers, buckets and partitions
-        return (lambda cap: reserve_deepspeed.replay_stage(plan, cost, profile=profile, setup=setup, cap_bytes=cap),
-                by_peak)
+        replay = reserve_deepspeed.replay_stage
+        return replay, lambda plan, cost, index, **named: replay(plan, cost, **named)
     if reserve_megatron.replays(setup):  # DDP or the distributed optimizer: its buffers, optimizer and schedule
         if setup.pipeline.chunks > 1:
-            return (lambda cap: reserve_megatron_chunks.replay_rank(plan, cost, rank=index, profile=profile, setup=setup,
-                                                                 cap_bytes=cap), by_peak)
-        return (lambda cap: reserve_megatron.replay_stage(plan, cost, stage=index, profile=profile, setup=setup,
-                                                         cap_bytes=cap), by_peak)
+            replay = reserve_megatron_chunks.replay_rank
+            return replay, lambda plan, cost, index, **named: replay(plan, cost, rank=index, **named)
+        replay = reserve_megatron.replay_stage
+        return replay, lambda plan, cost, index, **named: replay(plan, cost, stage=index, **named)
+    return None
+
+
+def _own_replay(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile, setup: TrainSetup, by_peak):
+    """ckplan's own step's replay (reserve.replay_stage, remembered there by its events' inputs) and its floor."""
     if not runtimes.of(setup.training).step_replayed:
         return None
     by_name = {layer.name: layer for layer in profile.layers}

@@ -340,15 +340,15 @@ def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) ->
 
 
 def held_input_grads(stage: int, setup: TrainSetup) -> int:
-    """Input gradients stage `stage` (past the first) holds at its peak under torch's pipelining: the
-    one being sent; where each stays on its receive buffer's `.grad` to the next step (the record's
-    input_grads_held_to_step_end), also every backward run before the peak. 1F1B's activations peak
-    at each steady backward with min(P - s, M) in flight, the most gradients at its last, after
-    M - min(P - s, M) backwards: that many held plus the one it makes. GPipe peaks at its first
-    backward (none held); a schedule of several stages a rank walks its own (chunked.sends_held_bytes)."""
+    """Input gradients stage `stage` (past the first) holds at its peak under torch's pipelining: the one being
+    sent; where each stays on its buffer's `.grad` to the next step (input_grads_held_to_step_end), every one
+    before the peak. 1F1B peaks at each steady backward, the most gradients at its last, after M - min(P - s, M)
+    backwards: that many plus the one it makes. GPipe peaks at its first, before any is made (framework-facts
+    §645: the one its first layer makes is in that layer's transient). Several stages a rank: their own walk."""
     pipeline = setup.pipeline
-    if stage == 0 or not runtime_facts(setup).input_grads_held_to_step_end or pipeline.schedule != "1F1B" \
-            or pipeline.chunks > 1:
+    if pipeline.schedule != "1F1B" or pipeline.chunks > 1:
+        return 0 if pipeline.schedule == "GPipe" else 1  # the walk: chunked.sends_held_bytes
+    if stage == 0 or not runtime_facts(setup).input_grads_held_to_step_end:
         return 1
     return pipeline.microbatches - in_flight(pipeline, stage) + 1
 

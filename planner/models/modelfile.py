@@ -49,8 +49,12 @@ class Chain:
 
 
 def cast_batch(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Floating tensors take the profile's dtype; integer token ids stay integers."""
-    return tensor.to(device=device, dtype=dtype) if tensor.is_floating_point() else tensor.to(device=device)
+    """Floating tensors take the profile's dtype; integer token ids stay integers. Each in storage of its own,
+    as the runtime holds its batch (runtime/worker.py replica_batch clones its slice): example_batch's inputs
+    and targets sliced from one tensor of seq + 1 tokens a row would record that tensor's bytes as each one's,
+    and a loss that flattens its non-contiguous targets a copy the runtime never makes (§44.smallfix)."""
+    moved = tensor.to(device=device, dtype=dtype) if tensor.is_floating_point() else tensor.to(device=device)
+    return moved.clone() if moved is tensor else moved
 
 
 def default_loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -86,8 +86,9 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
                 shared[-1] = 0
             outputs.append(output)
             current = output
-        # The final output is the last layer's output_bytes, not the loss's.
-        charged.add(storage_key(current))
+        # The final output is the last layer's output_bytes, not the loss's; the targets it saves, the batch's
+        # (rules.batch_bytes: the schedule holds them; docs/published-runs.md §44.smallfix)
+        charged |= {storage_key(current), storage_key(targets)}
         with blame("loss_fn(output, target)"):
             saved, _ = _saved_by(lambda out, observe: loss_fn(out, targets), current)
         loss = sum(_charge(saved, charged, per_microbatch).values())

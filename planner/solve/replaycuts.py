@@ -15,8 +15,15 @@ sets the replay put over is not weighed. That is what the proof ranges over: the
 
 A larger cap admits every stage a smaller one admits (the rows are monotone in the cap; the replay's reserved
 peak is its own, released only where the cap stops it), so where the cuts close, a larger cap never returns a
-slower plan. Where they do not close within MAX_ROUNDS solves or CUT_SHARE of the time left, the caller searches
+slower plan. Where they do not close within MAX_ROUNDS solves or the time _Rounds gives them, the caller searches
 caps (replayfit.search_caps) with the rest, and the last solve's time is the bound on any plan that fits.
+
+How long the cuts keep the time (_Rounds). Every round that does not close proves progress: the DP never returns
+an excluded set, so the stage over is a set not excluded before, and the bound never falls. So the cuts give way on
+time alone: a round starts while the time left holds it and, after it, the search over caps' own rounds
+(replayfit.REPLAY_ROUNDS, each a solve and a replay as a round is), each at what the rounds so far took on
+average; the first round takes what is left, its plan being the search over caps' first solve as well. No share
+of the time is fixed: Phi-4's cuts gave way at half of it (CUT_SHARE 0.5 before) with 4.8% of speed unfound.
 """
 
 from __future__ import annotations
@@ -31,13 +38,12 @@ from planner.solve import dpsolve
 from planner.solve.deadline import Deadline, Expired
 from planner.solve.dpsegments import Chain, Excluded
 from planner.solve.highs import SolveResult
+from planner.solve.replayfit import REPLAY_ROUNDS
 from planner.solve.results import NoFit, PlanResult
 
 MAX_ROUNDS = 64  # solves before the cuts give way to the search over caps (each one DP solve and one replay)
 # the MILP's: a HiGHS solve each (70B on 4 stages: ~15 s), excluding one integer point of counts each
 MILP_ROUNDS = 8
-# the cuts take at most this share of the time left, the search over caps (where they do not close) the rest
-CUT_SHARE = 0.5
 
 
 @dataclasses.dataclass
@@ -61,13 +67,16 @@ def fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int], *,
     `known`: a plan that fits, with its cost (returned, "optimal", where no faster plan fits); `upper_bound_ms`:
     the time of a plan that fits, where none is given."""
     under = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})})
-    outer, deadline = deadline, _share(deadline)
+    outer, rounds = deadline, _Rounds(deadline, after=REPLAY_ROUNDS)
     chain = Chain(profile, under)
     bar = known[1].iteration_ms if known is not None else upper_bound_ms
     excluded: Excluded = {}
     bound, first = None, None
     for solves in range(1, max_rounds + 1):
+        deadline = rounds.next()
         try:
+            if deadline is None:  # the next round would leave the search over caps less than its rounds
+                raise Expired
             found = dpsolve.fastest_plan(profile, under, upper_bound_ms=bar, deadline=deadline, excluded=excluded,
                                          chain=chain)
         except Expired:
@@ -84,6 +93,7 @@ def fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int], *,
                                                          bound=bound))
         if cost.feasible:
             return _result(stages, cost, bound, solves, outer, excluded)
+        rounds.ended()
         for s, (stage, stage_cost) in enumerate(zip(stages, cost.stages, strict=True)):
             if not stage_cost.fits:
                 start, end, mask = _key(chain, stage)
@@ -91,10 +101,27 @@ def fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int], *,
     return Unclosed(bound, max_rounds, sum(map(len, excluded.values())), first=first)
 
 
-def _share(deadline: Deadline) -> Deadline:
-    """The cuts' deadline: CUT_SHARE of the time left (none where the caller set none)."""
-    left = deadline.remaining_s()
-    return Deadline(None if left is None else left * CUT_SHARE)
+@dataclasses.dataclass
+class _Rounds:
+    """The cuts' clock (the module's text): `after`, the rounds the caller may still run once the cuts give way
+    (the search over caps'; 0 where nothing follows them)."""
+
+    outer: Deadline
+    after: int
+    began: float = 0.0
+    taken: list[float] = dataclasses.field(default_factory=list)  # each round's seconds
+
+    def next(self) -> Deadline | None:
+        """The next round's deadline: what is left less the rounds after, at the rounds' mean so far; None where
+        that does not hold one more round."""
+        self.began, left = self.outer.elapsed_s(), self.outer.remaining_s()
+        if left is None or not self.taken:
+            return Deadline(left, clock=self.outer.clock)
+        mean = sum(self.taken) / len(self.taken)
+        return Deadline(left - self.after * mean, clock=self.outer.clock) if left >= (1 + self.after) * mean else None
+
+    def ended(self) -> None:
+        self.taken.append(self.outer.elapsed_s() - self.began)
 
 
 def _key(chain: Chain, stage: StagePlan) -> tuple[int, int, int]:
@@ -139,17 +166,17 @@ def tightened(found: PlanResult | NoFit, unclosed: Unclosed | None) -> PlanResul
 def milp_fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int], *,
                          evaluate: Callable[[list[StagePlan]], PlanCost], over_bytes: Callable[[object], int],
                          known: tuple[list[StagePlan], PlanCost] | None, upper_bound_ms: float | None,
-                         deadline: Deadline, mip_gap: float, threads, log: bool,
-                         max_rounds: int = MILP_ROUNDS) -> PlanResult | NoFit | Unclosed:
+                         deadline: Deadline, mip_gap: float, threads, log: bool, max_rounds: int = MILP_ROUNDS,
+                         after: int = REPLAY_ROUNDS) -> PlanResult | NoFit | Unclosed:
     """The MILP's twin of fastest_fitting (one stage per rank): each stage the replay put over is excluded as its
     exact integer point (its boundaries' prefix counts and its option counts per run: milp.extract_plan places a
     run's options in one order, so the point is the plan), a no-good row, and HiGHS solves again. "optimal" where
-    HiGHS proves its plan (within mip_gap) and that plan fits; a time-limited solve (CUT_SHARE of the time
-    left) ends the cuts, its plan, where it fits, a candidate (Unclosed.fits). `over_bytes`: how far the MILP's
-    plan passes the rows (milp.solve_within_caps)."""
+    HiGHS proves its plan (within mip_gap) and that plan fits; a time-limited solve (_Rounds' time) ends the
+    cuts, its plan, where it fits, a candidate (Unclosed.fits). `over_bytes`: how far the MILP's plan passes the
+    rows (milp.solve_within_caps); `after`: the rounds its caller runs once the cuts give way (_Rounds)."""
     from planner.solve import milp
 
-    outer, deadline = deadline, _share(deadline)
+    outer, rounds = deadline, _Rounds(deadline, after=after)
 
     under = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})})
     bar = known[1].iteration_ms if known is not None else upper_bound_ms
@@ -160,6 +187,9 @@ def milp_fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int]
     start = known[0] if known is not None else None
     bound, cuts = None, 0
     for solves in range(1, max_rounds + 1):
+        deadline = rounds.next()
+        if deadline is None:  # the next round would leave the search over caps less than its rounds
+            return Unclosed(bound, solves - 1, cuts)
         result = milp.solve_within_caps(problem, over_bytes, deadline=deadline, mip_gap=mip_gap, threads=threads,
                                         log=log, start=start)
         if result.status in ("timeout", "error"):
@@ -175,6 +205,7 @@ def milp_fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int]
             return _proved(stages, cost, result.bound, result.status, solves, cuts, outer, "milp")
         if result.status != "optimal":  # time-limited: no bound from it; its plan a candidate where it fits
             return Unclosed(bound, solves, cuts, (stages, cost) if cost.feasible else None)
+        rounds.ended()
         for s, stage_cost in enumerate(cost.stages):
             if not stage_cost.fits:
                 _no_good(problem, s, cuts)
@@ -230,7 +261,7 @@ def moments_fastest_fitting(profile, setup, *, deadline, mip_gap: float, threads
     found = milp_fastest_fitting(profile, setup, list(setup.pipeline.mem_caps_bytes), evaluate=evaluate,
                                             over_bytes=lambda problem: 0, known=known, upper_bound_ms=upper_bound_ms,
                                             deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
-                                            max_rounds=MAX_ROUNDS)
+                                            max_rounds=MAX_ROUNDS, after=0)
     if isinstance(found, PlanResult):  # no replay here: the cuts are the moments'
         return dataclasses.replace(found, solve=dataclasses.replace(found.solve, replay=None))
     if isinstance(found, NoFit):
