@@ -13,7 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.cost.terms import COMBINE, QUANTITY_DECLARATIONS, TERMS  # noqa: E402
+from planner.cost.quantities import COMBINE, QUANTITY_DECLARATIONS  # noqa: E402
+from planner.cost.terms import TERMS  # noqa: E402
 
 DOC = ROOT / "docs" / "cost-model.md"
 BEGIN, END = "<!-- terms:begin -->\n", "<!-- terms:end -->"

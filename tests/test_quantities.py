@@ -8,7 +8,7 @@ import itertools
 import pulp
 import pytest
 
-from planner.cost import costmodel, terms
+from planner.cost import costmodel, quantities, terms
 from planner.models import synthetic
 from planner.schema import TrainSetup
 from planner.solve import baselines, highs, milp, search
@@ -39,7 +39,7 @@ def with_a_workspace(monkeypatch):
     row = costmodel.Term("a library's workspace per rank", "workspace", "stage",
                          lambda stage, ctx: WORKSPACE_MIB * MIB if stage > 0 else 0, "a test")
     rows = (*costmodel.TERMS, row)
-    monkeypatch.setattr(terms, "QUANTITY_DECLARATIONS", declared)
+    monkeypatch.setattr(quantities, "QUANTITY_DECLARATIONS", declared)  # read when asked (quantities.declared)
     monkeypatch.setattr(terms, "TERMS", rows)
     monkeypatch.setattr(terms, "_BY_PLACE", costmodel.index_terms(rows))
 

@@ -31,6 +31,7 @@ from planner.cost import (
     te_delayed,
     tiedadd,
 )
+from planner.cost import quantities as declarations
 from planner.cost.gathered import (
     fsdp_unit_layer_bytes,
     fsdp_unit_loss_bytes,
@@ -39,6 +40,16 @@ from planner.cost.gathered import (
 )
 from planner.cost.layers import BUFFER_ROWS, LayerCost
 from planner.cost.opsacep import op_sac_ep_kept_bytes
+
+# re-exported: costmodel's star import and assembly read the declarations here
+from planner.cost.quantities import (  # noqa: F401
+    COMBINE,
+    QUANTITIES,
+    QUANTITY_DECLARATIONS,
+    Quantity,
+    declared,
+    quantities,
+)
 from planner.cost.repeatedkv import repeated_kv_extra_bytes, repeated_kv_kept_bytes
 from planner.cost.rotarytable import rotary_table_bytes
 from planner.cost.rules import (
@@ -89,63 +100,6 @@ from planner.schema import Profile, TrainSetup
 #   step             ms once per iteration                          added up
 # `where` says whose numbers a row reads: each layer of the stage (with its checkpoint choice), the layer that opens
 # or closes the stage (with the stage's index), or the stage's position alone.
-
-@dataclass(frozen=True)
-class Quantity:
-    """One quantity a term adds to, and how a stage's values of it combine (one of COMBINE):
-    the stage accumulator (stage_cost), the DP's chain and the MILP's rows all read `combine`,
-    so a quantity that combines as an existing one does is one declaration here, no solver edit."""
-
-    name: str
-    combine: str
-    meaning: str
-
-
-# How each kind of quantity enters a stage's cost, and what the solvers may prune by (every kind grows with each
-# layer a stage takes, none falls: the DP's Pareto fronts and the MILP's windows rest on that):
-COMBINE = {
-    "held": "bytes held all iteration: added up, into the peak as they are",
-    "kept": "bytes per microbatch until its backward: added up, times the in-flight microbatches",
-    "extra": "a layer's peak beyond what it keeps: the largest, net of what the layers after it keep",
-    "scratch": "the optimizer step's temporaries: cuda added up, cpu twice the largest",
-    "host": "host bytes of the rank: added up, against its share of its node's host memory",
-    "offloaded": "host bytes per microbatch: added up, times the in-flight microbatches, into host",
-    "busy": "ms per microbatch on the critical path: added up",
-    "step": "ms once per iteration: added up",
-    "split": "a split backward's bytes per pass (chunked zero-bubble schedules): see schedules.ChunkBytes",
-}
-
-
-QUANTITY_DECLARATIONS: tuple[Quantity, ...] = (
-    Quantity("static", "held", "weights, gradients, optimizer state"),
-    Quantity("buffers", "held", "receive buffers, the batch, FSDP2's gathered tensors"),
-    Quantity("kept", "kept", "activations kept for backward"),
-    Quantity("extra", "extra", "a layer's scratch and what its option recomputes at once"),
-    Quantity("scratch", "scratch", "the optimizer step's temporaries"),
-    Quantity("host", "host", "the offloaded optimizer on the host"),
-    Quantity("offloaded", "offloaded", "activations offloaded to the host"),
-    Quantity("time", "busy", "compute per microbatch"),
-    Quantity("comm", "busy", "sends and schedule actions per microbatch"),
-    Quantity("step", "step", "optimizer step, gradient reduction, weight gathers"),
-    Quantity("wgrad", "split", "what a split backward's input pass leaves for its weight pass"),
-    Quantity("ipeak", "split", "a split backward's input pass over what is live before it"),
-    Quantity("wpeak", "split", "a split backward's weight pass over what is live before it"),
-)
-
-
-QUANTITIES = tuple(q.name for q in QUANTITY_DECLARATIONS)
-
-
-def declared() -> list[str]:
-    """Every declared quantity's name (read when asked, like quantities())."""
-    return [q.name for q in QUANTITY_DECLARATIONS]
-
-
-def quantities(combine: str) -> tuple[str, ...]:
-    """The declared quantities that combine as `combine` (read when asked: a declaration added
-    later is seen by every solver)."""
-    return tuple(q.name for q in QUANTITY_DECLARATIONS if q.combine == combine)
-
 
 @dataclass(frozen=True)
 class Context:
@@ -471,7 +425,7 @@ def index_terms(terms: Sequence[Term]) -> dict[tuple[str, str], tuple[Term, ...]
     """The rows by (quantity, where), as layer_value / edge_value / stage_value read them."""
     found: dict[tuple[str, str], tuple[Term, ...]] = {}
     for term in terms:
-        if term.quantity not in {q.name for q in QUANTITY_DECLARATIONS} or term.where not in ("layer", "open", "close",
+        if term.quantity not in set(declarations.declared()) or term.where not in ("layer", "open", "close",
                                                                                            "stage"):
             raise ValueError(f"term {term.name!r}: unknown quantity {term.quantity!r} or place {term.where!r}")
         found[term.quantity, term.where] = found.get((term.quantity, term.where), ()) + (term,)
