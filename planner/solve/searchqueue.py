@@ -27,7 +27,7 @@ from planner.solve.deadline import Deadline
 from planner.solve.results import NoFit
 
 if TYPE_CHECKING:
-    from planner.solve.jobsearch import Candidate, Outcome, Solved
+    from planner.solve.searchoutcome import Candidate, Outcome, Solved
 
 
 def solve_order(candidate: Candidate) -> tuple:
