@@ -9,24 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
+# the 405B block's eight collectives and its userbuffers config, as test_b4scale builds them
+from test_b4scale import H100_405B, MIB, _block
+
 from planner.commands.comm_setup import _userbuffers
 from planner.cost import comm, ub_sms
-from planner.cost.layers import LayerCost
 from planner.models.archs import gpu
-from planner.schema import LayerCollective, TrainSetup
-
-H100_405B = "userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192"
-MIB = 1 << 20
-
-
-def _block(tensor_bytes: int, kind: str = "decoder_block") -> LayerCost:
-    """A dense block's eight collectives in site order (forward: AG, RS, AG, RS; backward likewise)."""
-    sites = [LayerCollective(kind=k, tensor_bytes=tensor_bytes, fwd=1, recompute=1) for k in ("all-gather",
-                                                                                          "reduce-scatter") * 2]
-    sites += [LayerCollective(kind=k, tensor_bytes=tensor_bytes, bwd=1) for k in ("all-gather", "reduce-scatter") * 2]
-    return LayerCost(name="layers.0", kind=kind, fwd_ms=100.0, bwd_ms=200.0, act_bytes=0, input_bytes=0,
-                     output_bytes=0, input_in_act_bytes=0, param_count=1, transient_bytes=0,
-                     collectives=[(c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute, None) for c in sites])
+from planner.schema import TrainSetup
 
 
 def _setup(tp: int, *, float8: bool = False, **comm_fields) -> TrainSetup:
