@@ -16,8 +16,11 @@ Time, per layer with a record:
   step time: TE caches a weight's float8 copy across microbatches (`get_weight_workspace(...,
   cache_name=(None if is_first_microbatch is None else "weight"))`, transformer_engine/pytorch/module/
   linear.py `_Linear.forward`, as stored; docs/framework-facts.md §21) and Megatron passes
-  is_first_microbatch; reruns reuse it;
-- with the float8 all-gather, the scales of every converted weight's shard computed once per
+  is_first_microbatch; reruns reuse it. With TE's FP8 weights (Megatron's --fp8-param-gather on its
+  distributed optimizer, current scaling: te_primary_weights) the parameter is the FP8 tensor, cast in no
+  microbatch: the step casts the fp32 master shard into it and the next forward transposes it once on Hopper
+  (te_master_cast_ms, in the layer's step time);
+- with the float8 all-gather (torchao's; and TE's FP8 weights where te_primary_weights does not read them), the scales of every converted weight's shard computed once per
   iteration after the optimizer step (torchao `precompute_float8_dynamic_scale_for_fsdp`,
   v0.11.0 `torchao/float8/fsdp_utils.py` 29-80: max(abs) of each fp32 shard, one all-reduce of
   the amaxes): its shard's bytes read at the HBM bandwidth, in the layer's step time. The amax
