@@ -366,3 +366,37 @@ def test_under_tp_with_sp_the_norms_output_is_cast_on_its_shard_and_saved_in_flo
         [(True, T // 2)] * 2
     # at TP 1 (or without SP) no linear is under the Float8 TP plan: grad_outputs whole, inputs recast
     assert not any(item.saves_float8 or item.grad_rows for item in float8.block_linears(TINY, SHAPE, "layers.0"))
+
+
+# ---------------------------------------------------------------- TE's FP8 weights under --fp8-param-gather
+
+
+@pytest.mark.parametrize("gpu, dp, transposed", [("h100", 4, True), ("h100", 1, True), ("b200", 4, False)])
+def test_te_fp8_weights_are_cast_from_the_master_shard_once_a_step_and_transposed_once_on_hopper(gpu, dp, transposed):
+    # TE v2.9 `_cast_master_weights_to_fp8_current_scaling` (framework-facts §639): amax of the fp32 master shard
+    # (4 B) and its cast into the FP8 parameter (4 + 1 B), 9 B a shard element; on Hopper the next forward's
+    # transpose of the whole local FP8 weight (1 + 1 B a local element), cached across microbatches
+    from planner.cost import float8 as cost_float8
+    from planner.models.membound_rate import achieved_tbps
+
+    spec = archs.gpu(gpu)
+    profile = analytic.analytic_profile(MID, SHAPE, gpu=spec, model=REF)
+    block = profile.layers[1]
+    n, fused = block.float8.param_count, achieved_tbps(spec, "fused") * 1e12
+    te = dict(runtime="megatron", float8=True, fp8_current_scaling=True, dp=dp, zero=1)
+    primary = setup(**te, fp8_all_gather=True)
+    assert cost_float8.te_primary_weights(primary)
+    made = float8_profile(profile, primary).layers[1]
+    # the step's share a rank runs is step_ms / K (dataparallel.device_step_ms): 9 B of its n / K shard elements
+    # and 2 B of its n local ones
+    shard_ms = 9 * n / dp / fused * 1e3 + (2 * n / fused * 1e3 if transposed else 0.0)
+    before = float8_profile(profile, setup(**te)).layers[1]  # TE's workspace cast, once a step: 5 B a local element
+    assert dataparallel.device_step_ms(made.step_ms["adam"] - block.step_ms["adam"], primary) == pytest.approx(shard_ms)
+    assert dataparallel.device_step_ms(before.step_ms["adam"] - block.step_ms["adam"], setup(**te)) == \
+        pytest.approx(block.float8.weight_cast_ms) == pytest.approx(5 * n / fused * 1e3)
+    # the parameter is the FP8 tensor: no weight cast in any microbatch's forward or rerun (as the workspace's)
+    record = cost_float8.runtime_profile(profile, primary).layers[1].float8  # on TE's fused kernels
+    assert made.fwd_ms == before.fwd_ms == pytest.approx(record.fwd_ms)
+    assert made.recompute_ms == before.recompute_ms
+    # delayed scaling's master cast is not read: as before
+    assert not cost_float8.te_primary_weights(setup(**(te | {"fp8_current_scaling": False}), fp8_all_gather=True))

@@ -36,3 +36,24 @@ def test_the_search_applies_each_shard_group_byte_equal_to_float8_profile(runtim
     # without Float8 the runtime's profile serves all three
     assert len(profiles._runtime) == 1 and len(sizes) == 3
     assert len({id(p) for p in made}) == (3 if training else 1)
+
+
+def test_te_fp8_weights_under_zero_1_and_megatron_fsdp_of_one_shard_size_are_applied_apart():
+    # TE's FP8 weights cast from the master shard (float8.te_primary_weights) under the distributed optimizer only:
+    # ZeRO 1 and Megatron-FSDP's ZeRO 3 over the same 8 ranks are two applications, each float8_profile's
+    from planner.cost.float8 import te_primary_weights
+
+    written = profile_for(MINI)(1, False, 1)
+    training = {"float8": True, "fp8_all_gather": True, "fp8_current_scaling": True}
+    options = jobsearch.JobOptions(mem_cap_bytes=80 * GiB, gpus_per_node=8, runtime="megatron", training=training)
+    profiles = jobsearch.Profiles(lambda *a, **k: written)
+    layers = profiles.get(1, False, 1)[1]
+    seen = []
+    for zero in (1, 3):
+        setup = jobsearch.job_setup(written, Degrees(tp=1, sp=False, pp=1, dp=8, micro_batch_size=1, microbatches=2,
+                                                     schedule="1F1B", chunks=1, zero=zero), options)
+        assert dataparallel.shard_size(setup) == 8
+        applied, _ = profiles.for_setup(written, layers, setup)
+        assert applied.model_dump_json() == float8_profile(written, setup).model_dump_json()
+        seen.append(te_primary_weights(setup))
+    assert seen == [True, False]

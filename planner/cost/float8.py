@@ -16,8 +16,11 @@ Time, per layer with a record:
   step time: TE caches a weight's float8 copy across microbatches (`get_weight_workspace(...,
   cache_name=(None if is_first_microbatch is None else "weight"))`, transformer_engine/pytorch/module/
   linear.py `_Linear.forward`, as stored; docs/framework-facts.md §21) and Megatron passes
-  is_first_microbatch; reruns reuse it;
-- with the float8 all-gather, the scales of every converted weight's shard computed once per
+  is_first_microbatch; reruns reuse it. With TE's FP8 weights (Megatron's --fp8-param-gather on its
+  distributed optimizer, current scaling: te_primary_weights) the parameter is the FP8 tensor, cast in no
+  microbatch: the step casts the fp32 master shard into it and the next forward transposes it once on Hopper
+  (te_master_cast_ms, in the layer's step time);
+- with the float8 all-gather (torchao's; and TE's FP8 weights where te_primary_weights does not read them), the scales of every converted weight's shard computed once per
   iteration after the optimizer step (torchao `precompute_float8_dynamic_scale_for_fsdp`,
   v0.11.0 `torchao/float8/fsdp_utils.py` 29-80: max(abs) of each fp32 shard, one all-reduce of
   the amaxes): its shard's bytes read at the HBM bandwidth, in the layer's step time. The amax
@@ -109,11 +112,13 @@ def float8_applied(profile: Profile, setup: TrainSetup) -> Profile:
 
     # torchtitan turns the float8 all-gather on only where FSDP shards (parallel_dims.dp_shard_enabled)
     gathered = setup.training.fp8_all_gather and dataparallel.shard_size(setup) > 1
-    step_ms = _precompute_ms(profile) if gathered else 0.0
+    primary = te_primary_weights(setup)
+    step_ms = te_master_cast_ms(profile, setup) if primary else _precompute_ms(profile) if gathered else 0.0
     # Transformer Engine casts a weight once per step, not per microbatch (the module's docstring): charged
     # in the step time, which the cost model divides over the shard group, so taken times it (each rank
-    # casts its whole weight)
-    per_step = dataparallel.shard_size(setup) if record.float8 == "transformer-engine" and not gathered else 0
+    # casts its whole weight); none where the weight is the FP8 parameter (te_master_cast_ms instead)
+    per_step = dataparallel.shard_size(setup) if record.float8 == "transformer-engine" and not (gathered or primary) \
+        else 0
     te_delta = te_kept.te_saved_inputs_delta(profile) if record.te_float8_saved_inputs else 0
     te_inputs = te_kept.te_saved_inputs(profile) if te_delta else None  # the same tensors, for the records
     # a Megatron-core MoE block's FP8 saved inputs (te_moe_float8.py), where its tensors are Megatron's
@@ -125,7 +130,7 @@ def float8_applied(profile: Profile, setup: TrainSetup) -> Profile:
             else layer for layer in profile.layers]})
     if te_inputs or moe_inputs:  # the selective options' FP8 saved inputs (te_float8_kept.py)
         profile = te_float8_kept.selective_kept(profile, dense=te_inputs, moe=moe_inputs)
-    layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms, per_step=per_step,
+    layers = [_layer(layer, gathered=gathered or primary, memory=record.float8_memory, step_ms=step_ms, per_step=per_step,
                      saves_input=record.float8_saves_input,
                      kept_delta=te_delta if layer.kind == "decoder_block" else 0,
                      te_inputs=te_inputs if layer.kind == "decoder_block" else None)
@@ -246,6 +251,40 @@ def forward_casts(layer: LayerProfile, setup: TrainSetup) -> list[Float8Cast]:
                                     "shard_bytes": cast.shard_bytes if pre_cast else 0,
                                     "weight_bytes": 0 if gathered else cast.weight_bytes})
             for cast in fp8.forward_casts]
+
+
+def te_primary_weights(setup: TrainSetup) -> bool:
+    """Transformer Engine's FP8 current scaling with the weights kept in FP8 on Megatron-core's distributed optimizer
+    (Megatron-LM's --fp8-param-gather, bridgeterms.fp8_primary_weights; ZeRO 1, or DP 1): the parameter is the
+    Float8Tensor, cast from the fp32 master shard once a step (te_master_cast_ms), no weight cast in any
+    microbatch. Not under Megatron-FSDP (its gathered weights' transposes not read) nor delayed scaling (its master
+    cast, `_cast_master_weights_to_fp8_delayed_scaling`, not read): those as before."""
+    from planner.cost import bridgeterms, megatron_fsdp
+
+    training = setup.training
+    return (bridgeterms.fp8_primary_weights(training, runtimes.of(training)) and training.fp8_current_scaling
+            and setup.data_parallel.zero <= 1 and not megatron_fsdp.runs(setup))
+
+
+def te_master_cast_ms(profile: Profile, setup: TrainSetup) -> float:
+    """Per converted parameter, the step's FP8 weight under te_primary_weights, ms in the layer's step time (which
+    the cost model divides over the shard group K, dataparallel.device_step_ms), at the fused rate ckplan charges
+    TE's casts (planner/profiler/float8.py `_bytes_ms`; planner/models/membound_rate.py). TransformerEngine v2.9
+    (70f53666) `transformer_engine/pytorch/tensor/utils.py` 227-333, `_cast_master_weights_to_fp8_current_scaling`
+    (docs/framework-facts.md §639): `tex.compute_amax` reads each fp32 master shard (4 B an element of the shard),
+    then the shard is cast into the FP8 parameter (4 B read, `fp8_param_bytes` written): 9 B a shard element; and
+    its `_reset_caches()` drops the Hopper transpose, which the next forward makes again once from the whole local
+    FP8 weight (`tensor/storage/float8_tensor_storage.py` 183-229: 1 B read, `fp8_param_transpose_bytes` written)
+    and keeps across microbatches: a local element's bytes, so taken times K. No transpose on Blackwell
+    (bridgesettings.TN_ONLY_GPUS). The amax all-reduce (one float a weight) is not charged."""
+    from planner.cost import dataparallel
+    from planner.cost.bridgesettings import TN_ONLY_GPUS
+    from planner.models.membound_rate import achieved_tbps
+
+    record, gpu = runtimes.of(setup.training), dataparallel.profile_gpu(profile)
+    master = FP32_BYTES + FP32_BYTES + record.fp8_param_bytes
+    transpose = record.fp8_param_bytes + record.fp8_param_transpose_bytes if gpu.name in TN_ONLY_GPUS else 0
+    return (master + transpose * dataparallel.shard_size(setup)) / (achieved_tbps(gpu, "fused") * 1e12) * 1e3
 
 
 def _precompute_ms(profile: Profile) -> float:

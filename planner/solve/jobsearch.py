@@ -203,11 +203,12 @@ class Profiles:
         training settings alone once per profile and settings (float8.runtime_profile: B4's 126 blocks' records
         copied once, not once a shard group), the Float8 records once per profile and shard group (every other
         input is a setting all the configurations share)."""
-        from planner.cost.float8 import float8_applied, runtime_profile
+        from planner.cost.float8 import float8_applied, runtime_profile, te_primary_weights
 
         training = setup.training  # one runtime a search; keyed all the same, as a Profiles may serve two
         key = (id(profile), training.runtime, training.runtime_version,
-               dataparallel.shard_size(setup) if training.float8 else 0)
+               dataparallel.shard_size(setup) if training.float8 else 0,
+               te_primary_weights(setup))  # TE's FP8 weights cast from the master shard: ZeRO 1 only
         if key not in self._float8:
             settings = (id(profile), training.model_dump_json())
             if settings not in self._runtime:
