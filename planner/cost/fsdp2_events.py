@@ -328,8 +328,9 @@ class _PipelineStep(_Step):
     parallelize_llama.py 324-339); every backward runs with gradient sync off, so each unit's
     post-backward upcasts its gradients to the reduce dtype at the first backward (alloc fp32, free
     the bf16: _fsdp_param.py 629-640) and adds into them after (642-648); after the stage's last
-    backward, the stage calls every unit's post-backward, the root first (all_states: root.modules()
-    order), which reshards and reduce-scatters (pipelining/stage.py 636-652, torch 2.6.0)."""
+    backward, the stage calls every unit's post-backward in all_states order (the root's named_modules(): the
+    root's own unit first where it holds parameters, Fsdp2Stage.root_units, then the others in module order), which
+    reshards and reduce-scatters (pipelining/stage.py 636-652, torch 2.6.0; §660-§662)."""
 
     def run(self) -> None:
         self.begin()

@@ -319,7 +319,7 @@ class ChunkLayers:
     """A stage's layers as the replay runs them, and what the cost model charges for them."""
 
     layers: tuple[Fsdp2Layer, ...]
-    root_units: frozenset[int]  # the units of the layers not of the stage's block kind (its root's)
+    root_units: frozenset[int]  # the root's units: the model's first and last layers' where the root holds them
     kept_bytes: int  # the layers' kept bytes (the stage's kept less its ends')
     static_bytes: float  # what static charges for their shards, states and gradients (and weights, piped)
     reduce_ratio: float
@@ -338,7 +338,10 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
     held = dataparallel.param_bytes(setup)
     k = dataparallel.shard_size(setup)
     profiles = {layer.name: layer for layer in profile.layers}
-    block_kind = max({c.kind for c in costs}, key=[c.kind for c in costs].count)
+    # the root's unit, reduced first beside a pipeline: where the record's root holds the model's ends (torchtitan
+    # 9dec370: each of model.layers, then the stage's model, its own unit tok_embeddings or norm and output), their
+    # layers; where the ends are units of their own before the root (2c8b5947 on), none (§660-§662)
+    ends = {profile.layers[0].name, profile.layers[-1].name} if record.fsdp_units == "root-ends" else set()
     ep = setup.data_parallel.ep
     layers, kept_sum, static_sum = [], 0, 0.0
     for layer, option, unit in zip(costs, options, units):
@@ -382,7 +385,7 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         kept_sum += kept
         # what static charges for them: whole weights and gradients beside a pipeline, else the shards
         static_sum += sum(shard) + sum(state) + (sum(gathered) + params * held.grads if piped else params * held.grads / k)
-    return ChunkLayers(tuple(layers), frozenset(u for u, c in zip(units, costs) if c.kind != block_kind),
+    return ChunkLayers(tuple(layers), frozenset(u for u, c in zip(units, costs) if c.name in ends),
                        kept_sum, static_sum, held.grads / held.weights)
 
 
