@@ -80,7 +80,7 @@ def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_pe
                               reserved_bytes=[c.reserved_bytes for c in costs], iteration_ms=p.cost.iteration_ms,
                               tokens_per_s_per_gpu=p.tokens_per_s_per_gpu, mfu=p.mfu(archs.gpu(gpu)),
                               world=p.gpus, tokens_per_gpu_step=p.tokens_per_iteration / p.gpus,
-                              megatron_tflops_per_gpu=p.megatron_tflops_per_gpu()), job.source, \
+                              megatron_tflops_per_gpu=p.megatron_tflops_per_gpu(archs.gpu(gpu))), job.source, \
         [f"{s.name} {s.value}".strip() for status in ("not modelled", "unknown") for s in job.of(status)]
 
 

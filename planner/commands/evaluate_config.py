@@ -45,28 +45,29 @@ class Prediction:
 
         return mfu_named(self.job.runtime or self.job.framework)
 
-    def flops_per_token(self) -> float:
-        from planner.profiler import throughput
+    def throughput(self, gpu):
+        """The iteration's figures as torchtitan and Megatron-LM log them (planner/profiler/throughput.py, as solve
+        and search report them)."""
+        from planner.profiler.throughput import throughput
 
-        count = throughput.torchtitan_flops_per_token if self.mfu_of == "torchtitan" else \
-            throughput.megatron_flops_per_token
-        return count(self.job.arch, self.job.seq_len)
+        return throughput(iteration_ms=self.cost.iteration_ms, tokens_per_iteration=self.tokens_per_iteration,
+                          gpus=self.gpus, peak_tflops=gpu.bf16_tflops, arch=self.job.arch, seq_len=self.job.seq_len)
 
     def mfu(self, gpu) -> float:
-        return self.flops_per_token() * self.tokens_per_s_per_gpu / (gpu.bf16_tflops * 1e12)
+        """The MFU the job's framework logs (mfu_of)."""
+        found = self.throughput(gpu)
+        return found.torchtitan_mfu if self.mfu_of == "torchtitan" else found.megatron_mfu
 
-    def mfu_source(self) -> str:
+    def mfu_source(self, gpu) -> str:
         from planner.profiler.throughput import MEGATRON_SOURCE
 
         return MFU_SOURCE if self.mfu_of == "torchtitan" else (
-            f"{self.flops_per_token() * self.tokens_per_s_per_gpu / 1e12:,.1f} TFLOP/s/GPU as {MEGATRON_SOURCE}")
+            f"{self.megatron_tflops_per_gpu(gpu):,.1f} TFLOP/s/GPU as {MEGATRON_SOURCE}")
 
-    def megatron_tflops_per_gpu(self) -> float:
-        """What Megatron-LM logs as "throughput per GPU (TFLOP/s/GPU)": its own FLOPs count (causal
-        attention halved, the logits in) over the iteration and the world size (planner/profiler/throughput.py)."""
-        from planner.profiler.throughput import megatron_flops_per_token
-
-        return megatron_flops_per_token(self.job.arch, self.job.seq_len) * self.tokens_per_s_per_gpu / 1e12
+    def megatron_tflops_per_gpu(self, gpu) -> float:
+        """What Megatron-LM logs as "throughput per GPU (TFLOP/s/GPU)": its own FLOPs count (causal attention
+        halved, the logits in) over the iteration and the world size."""
+        return self.throughput(gpu).megatron_tflops_per_gpu
 
 
 def read_job(from_megatron: Path | None, from_torchtitan: Path | None):
@@ -414,8 +415,8 @@ def summary(prediction, device) -> dict:
         "feasible": prediction.cost.feasible, "iteration_ms": prediction.cost.iteration_ms,
         "tokens_per_s_per_gpu": prediction.tokens_per_s_per_gpu, "mfu": prediction.mfu(device),
         "mfu_of": prediction.mfu_of,
-        "tflops_per_gpu_megatron": prediction.megatron_tflops_per_gpu(),
-        "mfu_megatron": prediction.megatron_tflops_per_gpu() / device.bf16_tflops,
+        "tflops_per_gpu_megatron": prediction.megatron_tflops_per_gpu(device),
+        "mfu_megatron": prediction.megatron_tflops_per_gpu(device) / device.bf16_tflops,
         "settings": [{"name": s.name, "value": s.value, "status": s.status, "what": s.what} for s in job.settings],
         "notes": prediction.notes,
     }
@@ -445,9 +446,9 @@ def _print(prediction, device) -> None:
                                 "reserved peak", "cap", "fits", "time/mb"], rows, right_from=2))
     console.print(f"iteration {format_ms(prediction.cost.iteration_ms)}; "
                   f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; MFU {prediction.mfu(device):.1%} "
-                  f"of the dense BF16 peak{_fp8_share(prediction, device)} ({prediction.mfu_source()})")
+                  f"of the dense BF16 peak{_fp8_share(prediction, device)} ({prediction.mfu_source(device)})")
     if prediction.mfu_of == "torchtitan":  # a Megatron-LM job's MFU above is already its logged TFLOP/s/GPU
-        tflops = prediction.megatron_tflops_per_gpu()
+        tflops = prediction.megatron_tflops_per_gpu(device)
         console.print(f"Megatron-LM would log it as throughput per GPU {tflops:.1f} TFLOP/s/GPU "
                       f"({tflops / device.bf16_tflops:.1%} of the dense BF16 peak; {MEGATRON_SOURCE})")
     if (line := range_line(reserve_ranges(prediction.stages, prediction.cost, profile=prediction.profile,
