@@ -23,15 +23,16 @@ def table():
 def test_the_table_holds_every_scored_row_of_section_18(table):
     main = [r for r in table.rows if r.group == "main"]
     # every row §18 scores on time, §21.newrows' 16, §33.ubmem's G10, §35.newrows' G11-G18, §37.newrows' G19-G42,
-    # §37.fp8delayed's G43, P1-P12 (llm-foundry's MPT tables, time only) and N1
-    assert len(main) == 98
-    assert sum(r.memory_bytes is not None for r in main) == 75  # and on memory (§21.newrows: F1, F2, G1-G9; G10-G43; N1)
+    # §37.fp8delayed's G43, P1-P12 (llm-foundry's MPT tables, time only), N1 and §45.newrows63's G44-G57
+    assert len(main) == 112
+    assert sum(r.memory_bytes is not None for r in main) == 89  # and on memory (§21.newrows: F1, F2, G1-G9; G10-G57; N1)
     assert [r.id for r in main if r.id[0] in "AFG"] == ["F1", "F2"] + [f"A{i}" for i in range(1, 6)] + \
-        [f"G{i}" for i in range(1, 44)]
+        [f"G{i}" for i in range(1, 58)]
     assert [r.id for r in main if r.id[0] in "NP"] == [f"P{i}" for i in range(1, 13)] + ["N1"]
-    # §23.moerows' MoE rows, §23.dsv3rows' DeepSeek-V3, §35.newrows' two 26.02 rows
+    # §23.moerows' MoE rows, §23.dsv3rows' DeepSeek-V3, §35.newrows' two 26.02 rows, §45.newrows63's three
     assert [r.label for r in table.rows if r.group == "bridge"] == ["T22", "T23", "B1", "B2", "B3", "B4", "B5", "B6",
-                                                                    "E1", "E2", "E3", "E4", "E5", "D1", "B7", "B8"]
+                                                                    "E1", "E2", "E3", "E4", "E5", "D1", "B7", "B8",
+                                                                    "E6", "E7", "E8"]
     assert [r.id for r in main if r.id.startswith("C")] == [f"C{i}" for i in range(1, 9)]
 
 
@@ -59,6 +60,13 @@ def test_every_row_names_a_source_and_its_published_figures(table):
     assert by_id["P3"].time_s == pytest.approx(504 * 2048 / (8 * 2002))  # GBS 504 x 2048 over 8 H100s
     assert by_id["P7"].time_s == pytest.approx(16 * 65536 / (8 * 1956))  # MPT-7B at 65,536 tokens
     assert by_id["N1"].time_s == pytest.approx(32 * 2048 / 21919) and by_id["N1"].memory_kind == "reserved"
+    # §45.newrows63: a resume test's step-50 static and steps 2-50's peak; G49's static once Adam's state exists
+    assert (by_id["G44"].static_bytes, by_id["G44"].memory_bytes) == (517_243_392, 1_427_384_832)
+    assert by_id["G49"].static_bytes == 417_037_824
+    assert (by_id["G54"].static_bytes, by_id["G54"].memory_bytes) == (466_256_384, 1_789_536_768)  # G48's test, GB200
+    assert "--gpu gb200" in " ".join(by_id["G54"].args) and "--nvlink-domain" in by_id["G54"].args
+    assert by_id["E6"].time_s == pytest.approx(1280 * 4096 / (64 * 5993))  # 26.02: E4's recipe at GBS 1280
+    assert by_id["E8"].time_s == pytest.approx(1280 * 4096 / (64 * 15784))  # the GB200 V2 preset at seq 4096
 
 
 def test_every_rows_arguments_are_accepted_by_ckplan_evaluate(table):
