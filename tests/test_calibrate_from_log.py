@@ -156,3 +156,24 @@ def test_calibrate_from_log_against_a_plan(tmp_path):
     assert step["error"] == pytest.approx(2.5 / plan.predicted.iteration_ms - 1, rel=1e-12)
     fitted = {f["name"]: f["value"] for f in report["fitted"]}
     assert fitted["fragmentation, rank 1"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("log, option, config, extra, written, garbled", [
+    # two ranks' lines run together: a field the patterns take that is no number
+    ("megatron_tp2_pp2.log", "--from-megatron", "megatron_gpt3_mcore_te_tp2_pp2.yaml", ("--gpus", "8"),
+     "elapsed time per iteration (ms): 30.0 |", "elapsed time per iteration (ms): 30.0.1 |"),
+    ("megatron_tp2_pp2.log", "--from-megatron", "megatron_gpt3_mcore_te_tp2_pp2.yaml", ("--gpus", "8"),
+     "(TFLOP/s/GPU): 50.0 |", "(TFLOP/s/GPU): . |"),
+    ("torchtitan_405b.log", "--from-torchtitan", "torchtitan_llama3_405b.toml", ("--gpus", "128"),
+     "tflops: 400.00", "tflops: 400.0.0"),
+])
+def test_a_field_that_is_no_number_is_refused_with_its_line(tmp_path, log, option, config, extra, written, garbled):
+    """Each of these was a ValueError's traceback (float('30.0.1'))."""
+    text = (LOGS / log).read_text()
+    assert written in text
+    path = tmp_path / log
+    path.write_text(text.replace(written, garbled, 1))
+    result = run("calibrate", "--from-log", path, option, FIXTURES / "configs" / config, *extra)
+    assert result.exit_code != 0
+    said = " ".join(result.output.split())
+    assert repr(garbled.split(": ")[1].split(" ")[0]) in said and "where a number is printed" in said
