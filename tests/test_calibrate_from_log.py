@@ -179,12 +179,20 @@ def test_a_field_that_is_no_number_is_refused_with_its_line(tmp_path, log, optio
     assert repr(garbled.split(": ")[1].split(" ")[0]) in said and "where a number is printed" in said
 
 
-@pytest.mark.parametrize("runtime, cp", [("ckplan", 1), ("ckplan", 2), ("torchtitan", 2)])
-def test_calibrate_from_log_against_a_plan_predicts_the_throughput_solve_reports(tmp_path, runtime, cp):
+TITAN_LINE = ("[rank0]:[titan] - root - INFO - step: {step}  loss: 9.1000  grad_norm:  2.0000  memory: 0.50GiB(1.00%)  "
+              "tps: 200  tflops: 1.00  mfu: 0.50%\n")
+MEGATRON_LINE = (" iteration        {step}/      10 | elapsed time per iteration (ms): 2.5 | throughput per GPU "
+                 "(TFLOP/s/GPU): 1.0 |\n")
+
+
+@pytest.mark.parametrize("runtime, cp, line", [("ckplan", 1, MEGATRON_LINE), ("ckplan", 2, MEGATRON_LINE),
+                                               ("torchtitan", 2, TITAN_LINE), ("megatron", 1, TITAN_LINE)])
+def test_calibrate_from_log_against_a_plan_predicts_the_throughput_solve_reports(tmp_path, runtime, cp, line):
     """A plan's tokens/s per GPU, MFU and Megatron-LM TFLOP/s/GPU as solve and evaluate report them
-    (solve_report.throughput_of): the context-parallel ranks share their replica's sequences, and the MFU is the
-    one the plan's runtime logs. calibrate counted every data-parallel rank's sequences, cp included (tokens/s x cp,
-    a residual of 1/cp - 1 on a run that matched), and said MFU and TFLOP/s/GPU were not known from a plan."""
+    (solve_report.throughput_of): the context-parallel ranks share their replica's sequences, and the MFU is by the
+    count of the framework whose log it is set against (a torchtitan log's MFU is torchtitan's). calibrate counted
+    every data-parallel rank's sequences, cp included (tokens/s x cp, a residual of 1/cp - 1 on a run that
+    matched), and said MFU and TFLOP/s/GPU were not known from a plan."""
     from planner import io
     from planner.commands.solve_report import throughput_of
     from planner.cost import costmodel
@@ -211,15 +219,14 @@ def test_calibrate_from_log_against_a_plan_predicts_the_throughput_solve_reports
     plan_path = tmp_path / "plan.yaml"
     io.save_plan(plan, plan_path)
     log = tmp_path / "run.log"
-    log.write_text(" iteration        2/      10 | elapsed time per iteration (ms): 2.5 | throughput per GPU "
-                   "(TFLOP/s/GPU): 1.0 |\n iteration        3/      10 | elapsed time per iteration (ms): 2.5 | "
-                   "throughput per GPU (TFLOP/s/GPU): 1.0 |\n")
+    log.write_text(line.format(step=2) + line.format(step=3))
     report = json.loads(run_ok("calibrate", plan_path, "--from-log", log, "--json").stdout)
     by = {r["term"]: r["predicted"] for r in report["residuals"] if r["rank"] is None}
     solved = throughput_of(profile, setup, cost.iteration_ms)
     # 4 microbatches x 1 x 2 replicas' ranks x 128 tokens, over cp, on 2 stages x 2 ranks
     assert by["tokens/s per GPU"] == pytest.approx(4 * 2 * 128 / cp / (cost.iteration_ms / 1e3) / 4, rel=1e-12)
     assert by["tokens/s per GPU"] == pytest.approx(solved.tokens_per_s_per_gpu, rel=1e-12)
-    mfu = solved.torchtitan_mfu if runtime == "torchtitan" else solved.megatron_mfu
-    assert by["MFU"] == pytest.approx(mfu, rel=1e-12) and mfu > 0
-    assert by["TFLOP/s/GPU"] == pytest.approx(solved.megatron_tflops_per_gpu, rel=1e-12)
+    mfu = solved.torchtitan_mfu if line is TITAN_LINE else solved.megatron_mfu
+    assert by["MFU"] == pytest.approx(mfu, rel=1e-12) and mfu > 0 and solved.torchtitan_mfu != solved.megatron_mfu
+    if line is MEGATRON_LINE:  # a Megatron-LM log's TFLOP/s/GPU against Megatron-LM's count
+        assert by["TFLOP/s/GPU"] == pytest.approx(solved.megatron_tflops_per_gpu, rel=1e-12)
