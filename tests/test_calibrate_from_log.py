@@ -156,3 +156,77 @@ def test_calibrate_from_log_against_a_plan(tmp_path):
     assert step["error"] == pytest.approx(2.5 / plan.predicted.iteration_ms - 1, rel=1e-12)
     fitted = {f["name"]: f["value"] for f in report["fitted"]}
     assert fitted["fragmentation, rank 1"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("log, option, config, extra, written, garbled", [
+    # two ranks' lines run together: a field the patterns take that is no number
+    ("megatron_tp2_pp2.log", "--from-megatron", "megatron_gpt3_mcore_te_tp2_pp2.yaml", ("--gpus", "8"),
+     "elapsed time per iteration (ms): 30.0 |", "elapsed time per iteration (ms): 30.0.1 |"),
+    ("megatron_tp2_pp2.log", "--from-megatron", "megatron_gpt3_mcore_te_tp2_pp2.yaml", ("--gpus", "8"),
+     "(TFLOP/s/GPU): 50.0 |", "(TFLOP/s/GPU): . |"),
+    ("torchtitan_405b.log", "--from-torchtitan", "torchtitan_llama3_405b.toml", ("--gpus", "128"),
+     "tflops: 400.00", "tflops: 400.0.0"),
+])
+def test_a_field_that_is_no_number_is_refused_with_its_line(tmp_path, log, option, config, extra, written, garbled):
+    """Each of these was a ValueError's traceback (float('30.0.1'))."""
+    text = (LOGS / log).read_text()
+    assert written in text
+    path = tmp_path / log
+    path.write_text(text.replace(written, garbled, 1))
+    result = run("calibrate", "--from-log", path, option, FIXTURES / "configs" / config, *extra)
+    assert result.exit_code != 0
+    said = " ".join(result.output.split())
+    assert repr(garbled.split(": ")[1].split(" ")[0]) in said and "where a number is printed" in said
+
+
+TITAN_LINE = ("[rank0]:[titan] - root - INFO - step: {step}  loss: 9.1000  grad_norm:  2.0000  memory: 0.50GiB(1.00%)  "
+              "tps: 200  tflops: 1.00  mfu: 0.50%\n")
+MEGATRON_LINE = (" iteration        {step}/      10 | elapsed time per iteration (ms): 2.5 | throughput per GPU "
+                 "(TFLOP/s/GPU): 1.0 |\n")
+
+
+@pytest.mark.parametrize("runtime, cp, line", [("ckplan", 1, MEGATRON_LINE), ("ckplan", 2, MEGATRON_LINE),
+                                               ("torchtitan", 2, TITAN_LINE), ("megatron", 1, TITAN_LINE)])
+def test_calibrate_from_log_against_a_plan_predicts_the_throughput_solve_reports(tmp_path, runtime, cp, line):
+    """A plan's tokens/s per GPU, MFU and Megatron-LM TFLOP/s/GPU as solve and evaluate report them
+    (solve_report.throughput_of): the context-parallel ranks share their replica's sequences, and the MFU is by the
+    count of the framework whose log it is set against (a torchtitan log's MFU is torchtitan's). calibrate counted
+    every data-parallel rank's sequences, cp included (tokens/s x cp, a residual of 1/cp - 1 on a run that
+    matched), and said MFU and TFLOP/s/GPU were not known from a plan."""
+    from planner import io
+    from planner.commands.solve_report import throughput_of
+    from planner.cost import costmodel
+    from planner.models import archs
+    from planner.models.archs import Arch
+    from planner.profiler.analytic import Shape, analytic_profile
+    from planner.schema import FileRef, Plan, PlanPredicted, SolverInfo, TrainSetup
+
+    arch = Arch(name="tiny", hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4, num_kv_heads=4,
+                vocab_size=1024, tie_word_embeddings=False)
+    profile = analytic_profile(arch, Shape(seq_len=128, micro_batch_size=1, cp=cp), gpu=archs.gpu("h100"),
+                               model=FileRef(file="arch:tiny", sha256=arch.sha256()))
+    profile_path = tmp_path / "tiny.json"
+    io.save_profile(profile, profile_path)
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, mem_caps_bytes=[2**30] * 2,
+                       precision="bf16-mixed", dp=2, context_parallel=cp, runtime=runtime)
+    stages = costmodel.split_to_stages([0, 3], [False] * len(profile.layers), profile)
+    cost = costmodel.evaluate(stages, profile, setup)
+    plan = Plan(created_at="1970-01-01T00:00:00Z", model=FileRef(file="m.py", sha256="0" * 64),
+                profile=io.file_ref(profile_path), device=profile.device, dtype=profile.dtype, setup=setup,
+                stages=costmodel.with_predictions(stages, cost),
+                predicted=PlanPredicted(iteration_ms=cost.iteration_ms, peak_bytes_max=max(cost.peak_bytes_per_stage)),
+                solver=SolverInfo(status="optimal", objective=cost.iteration_ms))
+    plan_path = tmp_path / "plan.yaml"
+    io.save_plan(plan, plan_path)
+    log = tmp_path / "run.log"
+    log.write_text(line.format(step=2) + line.format(step=3))
+    report = json.loads(run_ok("calibrate", plan_path, "--from-log", log, "--json").stdout)
+    by = {r["term"]: r["predicted"] for r in report["residuals"] if r["rank"] is None}
+    solved = throughput_of(profile, setup, cost.iteration_ms)
+    # 4 microbatches x 1 x 2 replicas' ranks x 128 tokens, over cp, on 2 stages x 2 ranks
+    assert by["tokens/s per GPU"] == pytest.approx(4 * 2 * 128 / cp / (cost.iteration_ms / 1e3) / 4, rel=1e-12)
+    assert by["tokens/s per GPU"] == pytest.approx(solved.tokens_per_s_per_gpu, rel=1e-12)
+    mfu = solved.torchtitan_mfu if line is TITAN_LINE else solved.megatron_mfu
+    assert by["MFU"] == pytest.approx(mfu, rel=1e-12) and mfu > 0 and solved.torchtitan_mfu != solved.megatron_mfu
+    if line is MEGATRON_LINE:  # a Megatron-LM log's TFLOP/s/GPU against Megatron-LM's count
+        assert by["TFLOP/s/GPU"] == pytest.approx(solved.megatron_tflops_per_gpu, rel=1e-12)

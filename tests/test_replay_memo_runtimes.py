@@ -125,3 +125,47 @@ def test_every_input_is_in_the_key():
     for cap in (None, 60 * GIB, None):  # the cap is the last part of the memo's key
         replay_memo.remembered(base + (cap,), lambda cap=cap: played.append(cap))
     assert played == [None, 60 * GIB]
+
+
+
+@pytest.mark.parametrize("route", [r for r in ROUTES if r != "deepspeed"])
+def test_a_memo_kept_across_differing_inputs_gives_each_its_fresh_figure(route):
+    """A brute force over inputs that differ where a stage's cost does not show it, sharing one memo: each stage's
+    cost (as evaluate made it) replayed on the profile and on a copy with one layer's allocation record changed,
+    under the route's setup with the allocator's expandable segments on and off, and under a cap its replay fits,
+    one it retries under (torch's release) and one it fails (capped_reserve: fits, retried, oom); every input twice
+    with the memo kept, then each with it emptied first. Every figure kept is the fresh one: a key that left out
+    the setup, or the profile's layers, hands one input another's figure here (the stage's cost is the same)."""
+    import itertools
+
+    from planner.cost import replayed_reserve
+
+    base = _profile()
+    other = RECORD.model_copy(update={"forward": [8 * MIB, 4 * MIB, -2, 64 * MIB]})
+    changed = base.layers[3].model_copy(update={"alloc_records": {"none": other, "full": other}})
+    profiles = [base, base.model_copy(update={"layers": [*base.layers[:3], changed, *base.layers[4:]]})]
+    setup = ROUTES[route]
+    setups = [setup.model_copy(update={"training": setup.training.model_copy(update={"expandable_segments": on})})
+              for on in (True, False)]
+    inputs = []
+    for plan in _plans(base, setup, 3):
+        for index, (stage, cost) in enumerate(zip(plan, costmodel.evaluate(plan, base, setup).stages, strict=True)):
+            # a cap the replay fits, one just under what the stage needs (torch's release may hold it), one it fails
+            for profile, varied, cap in itertools.product(profiles, setups,
+                                                          (80 * GIB, cost.device_need_bytes - 64 * MIB, GIB)):
+                inputs.append((stage, index, profile, varied, dataclasses.replace(cost, cap_bytes=cap)))
+
+    def replayed(stage, index, profile, varied, cost):
+        found = replayed_reserve.with_replayed_reserve(cost, stage, index, profile=profile, setup=varied)
+        return found.reserved_bytes, found.cap_replay, found.uncapped_reserved_bytes
+
+    replay_memo.forget()
+    kept = [replayed(*one) for one in inputs + inputs]
+    fresh = []
+    for one in inputs:
+        replay_memo.forget()
+        fresh.append(replayed(*one))
+    assert kept == fresh + fresh
+    assert len({figure for figure, *_ in fresh}) > len(inputs) // 6  # the inputs' figures differ, not one figure
+    # the three caps reach the replay's verdicts (FSDP2's retries under torch's release just under its need)
+    assert {verdict for _, verdict, _ in fresh} == ({"fits", "retried", "oom"} if route == "fsdp2" else {"fits", "oom"})

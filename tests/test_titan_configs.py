@@ -384,3 +384,23 @@ def test_a_floor_division_by_zero_gets_one_sentence(tmp_path):
     result = run("evaluate", "--from-torchtitan", f"{path}:cfg", "--gpus", "8")
     assert result.exit_code != 0 and "line 2: 1000 // 0 divides by zero" in " ".join(result.output.split())
     assert len(result.output.strip().splitlines()) <= 3
+
+
+@pytest.mark.parametrize("imported, file", [
+    ("from .config_registry import qwen3_32b as base_config", "qwen3/config_registry.py"),
+    ("from ..qwen3.config_registry import qwen3_32b as base_config", "qwen3/config_registry.py"),
+    ("from torchtitan.models.qwen3.config_registry import qwen3_32b as base_config",
+     "torchtitan/models/qwen3/config_registry.py"),
+])
+def test_a_refined_base_imported_relatively_is_named_by_its_file(tmp_path, imported, file):
+    """A config refining a base config function imported from another registry is refused with the file to give
+    instead. A relative import was named by its dots turned to slashes: `from .config_registry import ...` beside
+    qwen3/mine.py said `--from-torchtitan /config_registry.py:qwen3_32b`, a file at the root."""
+    (tmp_path / "qwen3").mkdir()
+    mine = tmp_path / "qwen3" / "mine.py"
+    mine.write_text(f"{imported}\n\n\ndef mine():\n    config = base_config()\n    return config\n")
+    result = run("evaluate", "--from-torchtitan", f"{mine}:mine", "--gpus", "8")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and result.output.strip().count("\n") <= 1, result.output
+    expected = file if file.startswith("torchtitan/") else str(tmp_path / file)
+    assert f"--from-torchtitan {expected}:qwen3_32b " in said, said

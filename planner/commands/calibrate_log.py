@@ -25,7 +25,8 @@ def run(*, log_path: Path, plan_path: Path | None, from_megatron: Path | None, f
                         "(`step: N  loss: ...  memory: X GiB(Y%)  tps: ...`); give the training's log")
     _check_format(log.framework, log_path, from_megatron, from_torchtitan)
     prediction, source, left_out = _prediction(plan_path, from_megatron, from_torchtitan, gpus=gpus, gpu=gpu,
-                                               gpus_per_node=gpus_per_node, nvlink_domain=nvlink_domain)
+                                               gpus_per_node=gpus_per_node, nvlink_domain=nvlink_domain,
+                                               framework=log.framework)
     found = fromlog.residuals(log, prediction)
     fitted = fromlog.fit(log, found)
     if as_json:
@@ -59,7 +60,8 @@ def _read(path: Path) -> str:
         raise UserError(f"{path} cannot be read ({exc.__class__.__name__}); give the training's log") from None
 
 
-def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_per_node, nvlink_domain=None):
+def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_per_node, nvlink_domain=None,
+                framework: str = "megatron"):
     from planner.measure import fromlog
 
     configs = [p for p in (plan_path, from_megatron, from_torchtitan) if p is not None]
@@ -68,7 +70,7 @@ def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_pe
     if plan_path is not None and nvlink_domain is not None:
         raise UserError("--nvlink-domain goes with --from-megatron / --from-torchtitan: PLAN's setup holds its own links")
     if plan_path is not None:
-        return _plan_prediction(plan_path), str(plan_path), []
+        return _plan_prediction(plan_path, framework), str(plan_path), []
     from planner.commands.evaluate_config import predict, read_job
     from planner.models import archs
 
@@ -84,11 +86,14 @@ def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_pe
         [f"{s.name} {s.value}".strip() for status in ("not modelled", "unknown") for s in job.of(status)]
 
 
-def _plan_prediction(plan_path: Path):
-    """A plan's prediction: its stages scored with its setup (the profile's sequence length and
-    tensor parallelism give the tokens and the GPUs; MFU is not known from a plan)."""
+def _plan_prediction(plan_path: Path, framework: str):
+    """A plan's prediction: its stages scored with its setup, and its throughput as solve and evaluate report it
+    (solve_report.throughput_of: the profile's sequence length and tensor parallelism give the tokens and the GPUs,
+    the context-parallel ranks sharing their replica's sequences; the MFU by the count of the framework whose log it
+    is set against, `framework`, and Megatron-LM's TFLOP/s/GPU, where the profile records its architecture and GPU)."""
     from planner import io
     from planner.commands.calibration import resolve_profile
+    from planner.commands.solve_report import throughput_of
     from planner.cost import costmodel
     from planner.cost.float8 import float8_profile
     from planner.emit import facts
@@ -102,14 +107,19 @@ def _plan_prediction(plan_path: Path):
     if known.seq_len is None:
         raise UserError(f"{plan_path}'s profile does not record its sequence length, so its tokens per step are not "
                         "known; calibrate from the config the job ran (--from-megatron / --from-torchtitan)")
-    pipeline, dp = plan.setup.pipeline, plan.setup.data_parallel.dp
+    setup = plan.setup
+    pipeline, dp = setup.pipeline, setup.data_parallel.dp
     world = pipeline.stages * dp * known.tp
-    tokens = pipeline.microbatches * pipeline.micro_batch_size * dp * known.seq_len
+    # dp counts the context-parallel ranks, which share their replica's sequences (as throughput_of counts them)
+    tokens = pipeline.microbatches * pipeline.micro_batch_size * dp * known.seq_len // setup.training.context_parallel
+    found = throughput_of(profile, setup, cost.iteration_ms)
+    mfu = None if found is None else found.torchtitan_mfu if framework == "torchtitan" else found.megatron_mfu
     return fromlog.Prediction(static_bytes=[c.after_step_bytes for c in cost.stages],
                               peak_bytes=[c.peak_bytes for c in cost.stages],
                               reserved_bytes=[c.reserved_bytes for c in cost.stages], iteration_ms=cost.iteration_ms,
-                              tokens_per_s_per_gpu=tokens / (cost.iteration_ms / 1e3) / world, mfu=None, world=world,
-                              tokens_per_gpu_step=tokens / world)
+                              tokens_per_s_per_gpu=tokens / (cost.iteration_ms / 1e3) / world, mfu=mfu, world=world,
+                              tokens_per_gpu_step=tokens / world,
+                              megatron_tflops_per_gpu=None if found is None else found.megatron_tflops_per_gpu)
 
 
 def _print(log_path: Path, log, found, fitted, source: str, left_out: list[str]) -> None:

@@ -30,6 +30,8 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
+from planner.errors import UserError
+
 MIB = 1 << 20
 GIB = 1 << 30
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -79,7 +81,7 @@ def _megatron(text: str) -> Log:
     log = Log(framework="megatron")
     for match in _MEGATRON_MEMORY.finditer(text):
         rank, after = int(match.group(1)), int(match.group(2))
-        allocated, peak, _, reserved = (float(match.group(k)) for k in (3, 4, 5, 6))
+        allocated, peak, _, reserved = (_number(text, match, k) for k in (3, 4, 5, 6))
         known = log.ranks.get(rank)
         if known is None or after >= (known.after_iterations or 0):  # the latest: optimizer state in
             log.ranks[rank] = RankLog(rank=rank, static_bytes=round(allocated * MIB), peak_bytes=round(peak * MIB),
@@ -88,16 +90,31 @@ def _megatron(text: str) -> Log:
     for line in text.splitlines():
         match = _MEGATRON_ITERATION.search(line)
         if match:
-            times.append(float(match.group(2)))
+            times.append(_number(line, match, 2))
             found = _MEGATRON_TFLOPS.search(line)
             if found:
-                tflops.append(float(found.group(1)))
+                tflops.append(_number(line, found, 1))
     log.steps = len(times)
     steady = times[1:] or times  # the first logged iteration carries the start-up
     log.iteration_ms = statistics.median(steady) if steady else None
     if tflops:
         log.tflops_per_gpu = statistics.median(tflops[1:] or tflops)
     return log
+
+
+def _number(text: str, match: re.Match, group: int) -> float:
+    """The figure in `match`'s group (thousands separated by commas read whole); a field the patterns take that is
+    no number ('30.0.1', '.': two ranks' lines run together) refused in one sentence with its line, never a
+    traceback."""
+    written = match.group(group)
+    try:
+        return float(written.replace(",", ""))
+    except ValueError:
+        start = text.rfind("\n", 0, match.start()) + 1
+        end = text.find("\n", match.end())
+        line = text[start:end if end >= 0 else len(text)].strip()
+        raise UserError(f"the log's line {line[:160]!r} gives {written!r} where a number is printed; give the log as "
+                        "the framework wrote it") from None
 
 
 def _torchtitan(text: str) -> Log:
@@ -108,11 +125,11 @@ def _torchtitan(text: str) -> Log:
         if not match:
             continue
         rank = int(match.group(1) or 0)
-        reserved.setdefault(rank, []).append(float(match.group(3)))
-        tps.append(float(match.group(5).replace(",", "")))
-        tflops.append(float(match.group(6).replace(",", "")))
+        reserved.setdefault(rank, []).append(_number(line, match, 3))
+        tps.append(_number(line, match, 5))
+        tflops.append(_number(line, match, 6))
         if match.group(7) is not None:  # N/A: a quantized run's (f113706c4)
-            mfu.append(float(match.group(7)) / 100)
+            mfu.append(_number(line, match, 7) / 100)
     for rank, values in reserved.items():  # the peak since the last log line: the highest of the run
         log.ranks[rank] = RankLog(rank=rank, reserved_bytes=round(max(values) * GIB))
     log.steps = len(tps)

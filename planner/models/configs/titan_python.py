@@ -88,7 +88,7 @@ def read(path: Path, function: str) -> dict:
 
 class _Reader:
     def __init__(self, path: Path, tree: ast.Module, where: str):
-        self.where = where
+        self.where, self.path = where, path
         self.functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
         self.imports = {alias.asname or alias.name: ("." * node.level) + (node.module or "")
                         for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names}
@@ -188,13 +188,26 @@ class _Reader:
             name = self.names.get(call.name, call.name)  # export: `from ...qwen3.config_registry import qwen3_32b
             alias = "" if name == call.name else f" (imported as {call.name})"  # as base_config`)
             return (f"it refines {name}() from {own}{alias}; give that one, --from-torchtitan "
-                    f"{own.replace('.', '/')}.py:{name} (what this function changes beside it is not read)")
+                    f"{self._module_file(own)}:{name} (what this function changes beside it is not read)")
         base = call.args[0] if call.args else None
         source = self.imports.get(base.name.split(".")[0], "") if isinstance(base, Call) else ""
         if not source.endswith("config_registry"):
             return f"give the file and function {call.name} is defined in"
         return (f"it converts {base.name}() from {source}; give that one, --from-torchtitan "
-                f"{source.replace('.', '/')}.py:{base.name} (what {call.name} changes beside it is not read)")
+                f"{self._module_file(source)}:{base.name} (what {call.name} changes beside it is not read)")
+
+    def _module_file(self, module: str) -> str:
+        """The file an import names: a dotted module as its path from torchtitan's checkout; a relative one
+        (`from .config_registry import ...`, `from ..qwen3.config_registry import ...`) beside this file, one folder
+        up a dot past the first, as Python resolves it."""
+        name = module.lstrip(".")
+        level = len(module) - len(name)
+        if not level:
+            return f"{name.replace('.', '/')}.py"
+        folder = self.path.parent
+        for _ in range(level - 1):
+            folder = folder.parent
+        return str(folder / f"{name.replace('.', '/')}.py")
 
     def _trainer(self, call: Call) -> dict:
         origin = self.imports.get(call.name.split(".")[0])
