@@ -335,14 +335,15 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                 param.grad = torch.zeros_like(param)
         has_backward = grad is not None and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
         with blame(f"layer {name!r}"), data_free(f"layer {name!r}"):
-            transient = measure._transient_bytes(layer, x, grad, tracker=lambda device: StorageTracker())
+            # measure._transient_bytes's count, and the same with the fresh weight gradients left out, in one run
+            transient, in_place = fake_wgrad.transient_in_place(layer, x, grad)
             fwd, bwd, recompute = _layer_work(layer, x, grad)
             linears.append(float8.module_linears(layer, x, name) if has_backward else [])
             runs.append(_LayerRun(fwd, bwd, recompute, transient, has_backward,
                                   *_run_options(layer, x, grad, fwd + bwd, has_backward),
                                   fake_moe.fake_routing(layer, x),
                                   fake_moe.expert_transient_bytes(layer, x, grad, transient),
-                                  fake_wgrad.fresh_bytes(layer, x, grad)))
+                                  transient - in_place))
             records.append(allocseq.layer_records(layer, x, grad, list(runs[-1].option_transients)))
         layer.zero_grad(set_to_none=True)
     linear_calls = [float8.converted(calls) for calls in linears]

@@ -81,8 +81,3 @@ def transient_in_place(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | N
     in_place = peak - kept + incoming
     return max(0, fwd_extra, bwd_extra), max(0, fwd_extra, in_place)
 
-
-def fresh_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None) -> int:
-    """Of the layer's transient, what autograd's fresh weight gradients add (transient_in_place's two, apart)."""
-    transient, in_place = transient_in_place(layer, x, grad)
-    return transient - in_place
