@@ -100,6 +100,11 @@ def compare(analytic, fake, extra=()) -> dict:
         for field in ("fwd_ms", "bwd_ms", "act_bytes", "transient_bytes", "param_bytes"):
             a, f = getattr(mine, field), getattr(theirs, field)
             row[field] = {"analytic": a, "fake": f, "ratio": _ratio(a, f)}
+        # the transient with weight gradients accumulated in place (the analytic's own; the fake's less autograd's
+        # fresh weight gradients, LayerProfile.weight_grad_transient_bytes; None where a profile does not record it)
+        a, f = (None if layer.weight_grad_transient_bytes is None
+                else layer.transient_bytes - layer.weight_grad_transient_bytes for layer in (mine, theirs))
+        row["transient_in_place"] = {"analytic": a, "fake": f, "ratio": None if a is None or f is None else _ratio(a, f)}
         if theirs.name in kernels:
             row["attention_kernel"] = {"analytic": _analytic_kernel(analytic), "fake": kernels[theirs.name]}
             explained = sum(term.num_bytes for term in extra)
@@ -139,8 +144,8 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 def print_table(name: str, found: dict) -> None:
     print(f"## {name}")
     print("| layer (analytic / fake) | fwd ms a / f (ratio) | bwd ms a / f (ratio) | kept B a / f (ratio) "
-          "| transient B a / f (ratio) | param B ratio |")
-    print("|---|---|---|---|---|---|")
+          "| transient B a / f (ratio) | transient in place B a / f (ratio) | param B ratio |")
+    print("|---|---|---|---|---|---|---|")
     blocks = [row for row in found["layers"] if row["analytic"].startswith("layers.")]
     shown = [row for row in found["layers"] if not row["analytic"].startswith("layers.")]
     kinds = {}
@@ -152,9 +157,10 @@ def print_table(name: str, found: dict) -> None:
         for field, digits in (("fwd_ms", 4), ("bwd_ms", 4)):
             v = row[field]
             cells.append(f"{_fmt(v['analytic'], digits)} / {_fmt(v['fake'], digits)} ({_fmt(v['ratio'])})")
-        for field in ("act_bytes", "transient_bytes"):
+        for field in ("act_bytes", "transient_bytes", "transient_in_place"):
             v = row[field]
-            cells.append(f"{v['analytic']:,} / {v['fake']:,} ({_fmt(v['ratio'])})")
+            a, f = ("-" if v[side] is None else f"{v[side]:,}" for side in ("analytic", "fake"))
+            cells.append(f"{a} / {f} ({_fmt(v['ratio'])})")
         cells.append(_fmt(row["param_bytes"]["ratio"], 4))
         print("| " + " | ".join(cells) + " |")
     for row in blocks:

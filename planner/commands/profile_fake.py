@@ -134,6 +134,10 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
                 "HBM bandwidth",
         "memory": "the model's own code run under FakeTensorMode: saved-tensor hooks and storages, byte for byte; "
                   "kernels as torch's CPU kernels",
+        "transients": "each layer's forward and backward peak beyond what it keeps, its code run into a `.grad` made "
+                      "before: autograd's fresh weight gradients, alive until AccumulateGrad adds them in place, are "
+                      "in it (weight_grad_transient_bytes says how much: a wgrad GEMM accumulating into main_grad, "
+                      "Megatron-core's gradient_accumulation_fusion, holds transient_bytes less that)",
         "flops": flops,
         "optimizer_step": "memory-bound: Adam 28, SGD 20 bytes per parameter / HBM bandwidth",
         "tied": "a split tied set's gradient all-reduced between its holders' stages over their link (the cost "

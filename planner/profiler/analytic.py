@@ -315,7 +315,7 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
         act_bytes=act_bytes,
         input_bytes=input_bytes, output_bytes=output_bytes, input_in_act_bytes=input_in_act_bytes,
         param_count=param_count, param_bytes=param_count * shape.d, transient_bytes=transient_bytes,
-        expert_param_count=expert_param_count, a2a_bytes=a2a_bytes, step_ms=step_ms(param_count, gpu),
+        weight_grad_transient_bytes=0, expert_param_count=expert_param_count, a2a_bytes=a2a_bytes, step_ms=step_ms(param_count, gpu),
     ), list(kept_terms) or [act_bytes], input_grad_in_transient=input_grad_in_transient, scratch_terms=scratch_terms,
        scratch_freed_early=scratch_freed_early, last_uses=last_uses, points=points, freed_last=freed_last)
 
@@ -489,7 +489,9 @@ def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, layers: l
         "optimizer_step": "memory-bound: Adam 28, SGD 20 bytes per parameter / HBM bandwidth",
         "loss": "cross-entropy keeps fp32 softmax over s*b*V/t logits; its gradient in fp32 is the transient",
         "transients": "block: output gradient + two largest backward gradients (estimate); "
-                      "weight gradients accumulated in place",
+                      "weight gradients accumulated in place, as a wgrad GEMM accumulating into main_grad makes "
+                      "them (Megatron-core's gradient_accumulation_fusion): no fresh weight gradient "
+                      "(weight_grad_transient_bytes 0)",
         "tied_embeddings": ("one matrix where the embedding and the head share a stage; split, the last stage "
                             "holds a copy and the cost model charges the gradient's all-reduce between the stages")
                            if arch.tie_word_embeddings else "untied",

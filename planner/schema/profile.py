@@ -323,6 +323,13 @@ class LayerProfile(Strict):
     # of transient_bytes, what the routed experts' weight gradients add (their temporaries are as
     # large as the experts a rank holds): expert parallelism over E ranks holds 1/E of it. 0 elsewhere
     expert_transient_bytes: Bytes = 0
+    # of transient_bytes, what the weight gradients autograd makes fresh add to it: the model's code run into a
+    # `.grad` made before keeps each new gradient from its kernel to AccumulateGrad's in-place add (a MoE block's
+    # routed experts' stacked gradient the largest); a runtime accumulating inside its wgrad GEMM (Megatron-core's
+    # gradient_accumulation_fusion) holds transient_bytes less this (planner/profiler/fake_wgrad.py). Fake profiles;
+    # 0 in analytic ones (their transient has the gradients accumulated in place); None where not recorded
+    # (measured profiles, profiles made before)
+    weight_grad_transient_bytes: Bytes | None = None
     # of act_bytes, what its experts modules keep (measured with routed_tokens): it grows with the
     # token copies a rank computes, which expert parallelism spreads by routing, not evenly. 0 elsewhere
     expert_act_bytes: Bytes = 0
