@@ -36,3 +36,57 @@ def test_evaluate_from_megatron_refuses_a_sequence_longer_than_megatrons_positio
         assert "give --max-position-embeddings 512 or more, or a --seq-length of 511 or less" in said
         path.write_text(_TINY.format(kind=kind, rows=512))
         run_ok("evaluate", "--from-megatron", path, "--gpus", "8", "--gpu", "h100")
+
+
+# GPT-2 as its config.json gives it (learned position table of n_positions rows), tiny
+_TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 128, "vocab_size": 256,
+              "activation_function": "gelu_new", "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+# DeepSeek-V3's fields (latent attention, a dense layer then routed experts) at toy sizes, with its published
+# config's one multi-token-prediction module (num_nextn_predict_layers)
+_TINY_DSV3 = {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "n_shared_experts": 1,
+              "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+              "kv_lora_rank": 16, "q_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+              "vocab_size": 256, "max_position_embeddings": 128, "tie_word_embeddings": False, "hidden_act": "silu",
+              "num_nextn_predict_layers": 1}
+
+
+def _config(tmp_path, name: str, config: dict):
+    import json
+
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _search(config, seq_len: int, tmp_path):
+    return run("search", "--arch-config", config, "--gpus", "1", "--gpu", "h100", "--global-batch", "1",
+               "--seq-len", seq_len, "--time-limit", "5", "--out", tmp_path / "best.yaml")
+
+
+def test_a_learned_position_table_shorter_than_the_sequence_is_refused_by_profile_and_search(tmp_path):
+    """GPT-2 medium (n_positions 1024) searched at --seq-len 4096 was ranked (MFU 38.2% once exported), and `profile`
+    only warned: a token past the table's last row has no position embedding, so the model never runs (Megatron-LM
+    asserts it too, §681). Now both refuse; at the table's length both go on."""
+    config = _config(tmp_path, "gpt2", _TINY_GPT2)
+    profile = ("profile", "--arch-config", config, "--gpu", "h100", "--dtype", "bf16", "--out", tmp_path / "p.json")
+    for result in (run(*profile, "--seq-len", "129"), _search(config, 129, tmp_path)):
+        said = " ".join(result.output.split())
+        assert result.exit_code == 1 and "--seq-len 129 exceeds gpt2's learned position table of 128 rows" in said
+        assert "give --seq-len 128 or less" in said and not (tmp_path / "best.yaml").exists()
+    assert "exceeds" not in run_ok(*profile, "--seq-len", "128").output
+    assert "exceeds" not in _search(config, 128, tmp_path).output
+
+
+def test_search_says_what_profile_says_of_a_configs_mtp_modules_and_rotary_length(tmp_path):
+    """`profile --arch-config` warns that DeepSeek-V3's multi-token-prediction module is not planned and that a rotary
+    model runs past its max_position_embeddings; `search` on the same config said neither (DeepSeek-V3 at 8 layers,
+    64 H100s: ranked and exported with no word of its MTP module). Now it says both, as profile does."""
+    config = _config(tmp_path, "dsv3", _TINY_DSV3)
+    said = " ".join(_search(config, 256, tmp_path).output.split())
+    assert "dsv3's 1 multi-token-prediction module(s) are not planned" in said, said
+    assert "--seq-len 256 exceeds dsv3's max_position_embeddings 128 (rotary positions" in said
+    profiled = " ".join(run_ok("profile", "--arch-config", config, "--gpu", "h100", "--dtype", "bf16", "--seq-len",
+                               "256", "--out", tmp_path / "p.json").output.split())
+    assert "dsv3's 1 multi-token-prediction module(s) are not planned" in profiled
+    assert "--seq-len 256 exceeds dsv3's max_position_embeddings 128 (rotary positions" in profiled
