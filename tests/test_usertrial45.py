@@ -3,7 +3,14 @@ command before and after, on a tiny case."""
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
+import pytest
 from fixtures.cli import run, run_ok
+
+from planner.emit.megatron_positions import arguments
+from planner.errors import UserError
 
 # a Megatron-LM job as a user writes it (a YAML mapping of flags), small enough to score in seconds
 _TINY = """MODEL_ARGS:
@@ -52,8 +59,6 @@ _TINY_DSV3 = {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size
 
 
 def _config(tmp_path, name: str, config: dict):
-    import json
-
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(config))
     return path
@@ -90,3 +95,38 @@ def test_search_says_what_profile_says_of_a_configs_mtp_modules_and_rotary_lengt
                                "256", "--out", tmp_path / "p.json").output.split())
     assert "dsv3's 1 multi-token-prediction module(s) are not planned" in profiled
     assert "--seq-len 256 exceeds dsv3's max_position_embeddings 128 (rotary positions" in profiled
+
+
+_TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128,
+               "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": False}
+
+
+def test_the_megatron_export_of_a_rotary_plan_past_the_configs_positions_is_one_megatron_runs(tmp_path):
+    """A rotary model searched past its max_position_embeddings (allowed, said) was exported with the config's
+    --max-position-embeddings under the plan's --seq-length, a script Megatron-LM stops (§681) and evaluate
+    --from-megatron now refuses; the export writes the plan's length, says why, and reads back as the plan."""
+    config = _config(tmp_path, "tiny_llama", _TINY_LLAMA)
+    run_ok("search", "--arch-config", config, "--gpus", "1", "--gpu", "h100", "--global-batch", "1", "--seq-len",
+           "256", "--runtime", "megatron", "--precision", "bf16-mixed", "--time-limit", "5", "--out",
+           tmp_path / "best.yaml")
+    exported = tmp_path / "megatron.sh"
+    run_ok("export", tmp_path / "best.yaml", "--to", "megatron", "--out", exported)
+    text = exported.read_text()
+    assert "--seq-length 256\n" in text and "--max-position-embeddings 256\n" in text
+    assert "# the config's max_position_embeddings 128 is under the plan's 256 tokens" in text
+    script = tmp_path / "run.sh"
+    script.write_text(text + 'torchrun --nproc_per_node 1 pretrain_gpt.py "${CKPLAN_MEGATRON_ARGS[@]}" --vocab-size 256\n')
+    run_ok("evaluate", "--from-megatron", script, "--gpus", "1", "--gpu", "h100")
+
+
+def test_the_megatron_export_refuses_a_learned_table_shorter_than_the_plans_sequence():
+    def arg(flag, value):
+        return f"{flag} {value}"
+
+    assert arguments(SimpleNamespace(max_position_embeddings=128, rotates=False), 128, arg) == [
+        "--seq-length 128", "--max-position-embeddings 128"]
+    with pytest.raises(UserError, match="past the model's learned position table of 128 rows"):
+        arguments(SimpleNamespace(max_position_embeddings=128, rotates=False), 129, arg)
+    assert arguments(SimpleNamespace(max_position_embeddings=None, rotates=True), 64, arg)[-1] == \
+        "--max-position-embeddings 64"
