@@ -130,3 +130,18 @@ def test_the_megatron_export_refuses_a_learned_table_shorter_than_the_plans_sequ
         arguments(SimpleNamespace(max_position_embeddings=128, rotates=False), 129, arg)
     assert arguments(SimpleNamespace(max_position_embeddings=None, rotates=True), 64, arg)[-1] == \
         "--max-position-embeddings 64"
+
+
+def test_the_megatron_export_of_a_config_without_its_norm_epsilon_says_what_to_write(tmp_path):
+    """A config.json without rms_norm_eps, searched and exported to Megatron-LM: the export was refused with
+    "re-create the profile with this ckplan's `ckplan profile --arch/--arch-config`", which makes the same profile
+    again; now it names the config's missing field, as its rope_theta refusal does."""
+    config = _config(tmp_path, "no_eps", {k: v for k, v in _TINY_LLAMA.items() if k != "rms_norm_eps"})
+    run_ok("search", "--arch-config", config, "--gpus", "1", "--gpu", "h100", "--global-batch", "1", "--seq-len",
+           "128", "--runtime", "megatron", "--precision", "bf16-mixed", "--time-limit", "5", "--out",
+           tmp_path / "best.yaml")
+    result = run("export", tmp_path / "best.yaml", "--to", "megatron", "--out", tmp_path / "megatron.sh")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "names no rms_norm_eps" in said, said
+    assert "write the model's rms_norm_eps into the config and profile it again" in said
+    assert "re-create the profile" not in said

@@ -288,9 +288,9 @@ def rope_arguments(model: facts.ModelFacts) -> list[str]:
 def norm_arguments(model: facts.ModelFacts) -> list[str]:
     """The norms' epsilon (rms_norm_eps / layer_norm_epsilon)."""
     if model.norm_eps is None:
-        raise UserError("this profile does not record the model's norm epsilon (rms_norm_eps), and Megatron-LM's "
-                        "default (1e-5) may train another model; re-create the profile with this ckplan's "
-                        "`ckplan profile --arch/--arch-config`")
+        raise UserError("this profile does not record the model's norm epsilon (the --arch-config it was made from "
+                        "names no rms_norm_eps, or an older ckplan made it), and Megatron-LM's default (1e-5) may train "
+                        "another model; write the model's rms_norm_eps into the config and profile it again")
     return [arg("--norm-epsilon", model.norm_eps)]
 
 
