@@ -174,3 +174,15 @@ def test_profile_says_a_model_files_frozen_parameters_are_charged_as_trained(tmp
     said = " ".join(run_ok("profile", path, "--micro-batch-size", "2", "--out", tmp_path / "p.json").output.split())
     assert "layers 0, 2 hold 80 parameters with requires_grad False: not modelled as frozen" in said, said
     assert "16 B where a frozen parameter holds its 4 B" in said
+
+
+def test_profile_hf_config_says_deepseeks_mtp_modules_are_not_planned(tmp_path):
+    """`profile --hf-config` of DeepSeek-V3's config (num_nextn_predict_layers 1) profiled the main model without a
+    word, where --arch-config warns; transformers 5.24's DeepseekV3ForCausalLM trains no MTP module (its config's
+    num_mtp_layers is for generation's speculative decoding, §683). Now it says so."""
+    pytest.importorskip("transformers")
+    config = _config(tmp_path, "dsv3", {**_TINY_DSV3, "n_group": 1, "topk_group": 1, "rms_norm_eps": 1e-06,
+                                        "rope_theta": 10000})
+    said = " ".join(run_ok("profile", "--hf-config", config, "--fake", "--seq-len", "64", "--gpu", "h100", "--dtype",
+                           "bf16", "--micro-batch-size", "1", "--out", tmp_path / "p.json").output.split())
+    assert "its 1 multi-token-prediction module(s) (num_nextn_predict_layers) are not planned" in said, said
