@@ -193,6 +193,14 @@ def _check_model(loaded, model, layers, inputs) -> None:
         note = modelfile.forward_mismatch(model, layers, inputs, loaded.path)
     if note:
         warn(f"{note}; make sure pipeline_layers() covers every step of forward()")
+    frozen = modelfile.frozen_parameters(layers)
+    if frozen:
+        shown = ", ".join(fqn for fqn, _ in frozen[:4]) + (f" and {len(frozen) - 4} more" if len(frozen) > 4 else "")
+        warn(f"layers {shown} hold {sum(count for _, count in frozen):,} parameters with requires_grad False: "
+             "not modelled as frozen, every plan charges each a gradient and the optimizer's states as a trained "
+             "one (fp32 Adam: 16 B where a frozen parameter holds its 4 B), and `ckplan launch` on the CPU (one stage a "
+             "rank) stops at the first stage holding one (torch's MemTracker hooks every parameter's gradient: \"cannot register "
+             "a hook on a tensor that doesn't require gradient\")")
     inside = modelfile.checkpointed_inside(layers)
     if inside:
         shown = ", ".join(inside[:4]) + (f" and {len(inside) - 4} more" if len(inside) > 4 else "")

@@ -152,6 +152,7 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
     from pydantic import ValidationError
 
     from planner import io
+    from planner.console import warn
     from planner.models import archs
     from planner.profiler.analytic import Shape, analytic_profile
 
@@ -164,6 +165,7 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
     check_ep(spec, ep)
     device, kernel_unmodelled = _kernel_device(archs.gpu(gpu), attention, attention_kernel, mfu)
     _check_kernel_window(spec, attention_kernel, seq_len)
+    check_arch_shape(spec, seq_len, say=warn)
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp, sp=sp, attention=attention,
                   dtype=dtype, capacity_factor=capacity_factor, cp=cp, ep=ep)
     try:
@@ -246,6 +248,24 @@ def _check_kernel_window(spec, kernel: str, seq_len: int) -> None:
                         f"{seq_len}; drop --attention-kernel, or give a model without the window")
 
 
+def check_arch_shape(spec, seq_len: int, *, say) -> None:
+    """What `profile` and `search` both say of a config at a sequence length: a learned position table shorter than
+    the sequence refused (GPT-2's wpe, OPT's: a token past the table's last row has no embedding to look up, so the
+    model does not run; Megatron-LM asserts the same, §681), a rotary model past its max_position_embeddings said,
+    and the multi-token-prediction modules a config describes and the profile leaves out."""
+    table = spec.max_position_embeddings
+    if table and seq_len > table and not spec.rotates:
+        raise UserError(f"--seq-len {seq_len} exceeds {spec.name}'s learned position table of {table} rows (its "
+                        f"max_position_embeddings): the model looks up one position embedding a token and has none "
+                        f"past row {table}, so it does not run at this length; give --seq-len {table} or less")
+    if table and seq_len > table:
+        say(f"--seq-len {seq_len} exceeds {spec.name}'s max_position_embeddings {table} (rotary positions: it runs, "
+            "at lengths it was not trained to)")
+    if spec.num_mtp_layers:
+        say(f"{spec.name}'s {spec.num_mtp_layers} multi-token-prediction module(s) are not planned: the profile is "
+            "the main model's")
+
+
 def _with_model_facts(profile, spec, dtype: str):
     """The profile with the model's positions and norms beside its dimensions (what an export
     needs to reproduce the model), and the training precision an LLM at this dtype expects."""
@@ -309,7 +329,7 @@ def _arch(arch: str | None, arch_config: Path | None, flag: str = "--arch-config
 
 
 def _report(profile, spec, shape, out: Path) -> None:
-    from planner.console import console, info, table, warn
+    from planner.console import console, info, table
     from planner.profiler.analytic import active_params, total_params
     from planner.units import format_bytes
 
@@ -332,17 +352,11 @@ def _report(profile, spec, shape, out: Path) -> None:
              f"charged {facts['expert_tokens']:,} tokens per microbatch at --capacity-factor "
              f"{facts['capacity_factor']:g} (worst case {spec.num_experts / spec.num_experts_per_tok:g}); "
              f"{_expert_gemms(spec, shape)}")
-    if spec.num_mtp_layers:
-        warn(f"{spec.name}'s {spec.num_mtp_layers} multi-token-prediction module(s) are not planned: the profile is "
-             "the main model's")
     info(f"{_timing(facts)}; "
          f"`ckplan solve` defaults --mem to {format_bytes(facts['gpu_usable_bytes'])}, what a process can "
          f"allocate on the {facts['gpu']}")
     if facts.get("optimizer_impl"):
         info(f"optimizer step: {facts['optimizer_step']} ({facts['optimizer_impl_source']})")
-    if spec.max_position_embeddings and shape.seq_len > spec.max_position_embeddings:
-        warn(f"--seq-len {shape.seq_len} exceeds {spec.name}'s max_position_embeddings "
-             f"{spec.max_position_embeddings}")
     if facts.get("training_precision") == LLM_PRECISION:
         info(f"precision: `ckplan solve` plans fp32 weights, gradients and Adam state unless told; a {profile.dtype} "
              f"LLM trains as {LLM_PRECISION}: pass --precision {LLM_PRECISION} to solve (or --precision fp32 to plan "

@@ -68,6 +68,12 @@ def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | Non
         _remove_unless_profiled(path)
     info(f"wrote {path}: the {config['model_type']} model of {source} (random weights, {seq_len} tokens), the "
          "model file `launch` and `compare` run")
+    if config.get("num_nextn_predict_layers"):  # DeepSeek-V3's; --arch-config says the same (analytic_notes.py)
+        from planner.console import warn
+
+        warn(f"{source}: its {config['num_nextn_predict_layers']} multi-token-prediction module(s) "
+             "(num_nextn_predict_layers) are not planned: transformers' causal LM trains none (it builds them for "
+             "generation's speculative decoding only), so the profile is the main model's")
     return path, config
 
 

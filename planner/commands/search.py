@@ -345,8 +345,9 @@ def _model(arch, config, profile_path, *, both: bool, settings=None, flag: str =
 
 def _attention_kernel(kernel: str | None, model: _Model, device, seq_len: int, say) -> str:
     """The flash kernel the searched profiles time attention with: --attention-kernel (flash2 unless given), checked
-    as `ckplan profile` checks it; a --profile's own, which the option may only repeat."""
-    from planner.commands.profile_arch import _check_kernel_window
+    as `ckplan profile` checks it (the config's positions and modules left out said as it says them); a --profile's
+    own, which the option may only repeat."""
+    from planner.commands.profile_arch import _check_kernel_window, check_arch_shape
     from planner.models.attention_kernels import FLASH2, kernel_gpu
 
     if model.profile is not None:
@@ -357,6 +358,7 @@ def _attention_kernel(kernel: str | None, model: _Model, device, seq_len: int, s
         return made
     kernel = kernel or FLASH2
     _check_kernel_window(model.arch, kernel, seq_len)
+    check_arch_shape(model.arch, seq_len, say=say)
     unmodelled = kernel_gpu(device, kernel)[1]
     if unmodelled:
         say(unmodelled)

@@ -35,6 +35,7 @@ from itertools import combinations
 from planner.cost import dataparallel
 from planner.emit import dp_support, facts, megatron_rounding, megatron_window, rounding, scored_as
 from planner.emit.layer_kinds import megatron_arguments as layer_kind_arguments
+from planner.emit.megatron_positions import arguments as position_arguments
 from planner.errors import UserError
 from planner.models.configs.megatron_flags import RECOMPUTE_MODULES, recompute_modules_option
 from planner.schema import Plan, Profile
@@ -197,7 +198,7 @@ def shape_arguments(profile: Profile) -> list[str]:
         lines += [arg("--group-query-attention"), arg("--num-query-groups", kv)]
     if model.head_dim and model.head_dim != hidden // heads:
         lines.append(arg("--kv-channels", model.head_dim))
-    lines += [arg("--seq-length", seq_len), arg("--max-position-embeddings", model.max_position_embeddings or seq_len)]
+    lines += position_arguments(model, seq_len, arg)
     if model.style == "gpt":  # Megatron's defaults: LayerNorm, GELU, biases; positions as the model's
         kind = "learned_absolute" if model.max_position_embeddings else "rope" if model.rotates else "none"
         lines.append(arg("--position-embedding-type", kind))
@@ -260,9 +261,8 @@ MEGATRON_ROTARY_BASE = 10000
 
 
 def rope_arguments(model: facts.ModelFacts) -> list[str]:
-    """The rotary base (rope_theta) and Llama 3.1's rope scaling, which Megatron-LM would
-    otherwise train at its own defaults: another model. Refused where the profile does not
-    know them, or Megatron-LM cannot say them."""
+    """The rotary base (rope_theta) and Llama 3.1's rope scaling, which Megatron-LM would otherwise train at its
+    own defaults: another model. Refused where the profile does not know them, or Megatron-LM cannot say them."""
     if model.rope_theta is None:
         raise UserError("this profile does not record the model's rope_theta (the --arch-config it was made from "
                         "names none, or an older ckplan made it), and Megatron-LM's default rotary base "
@@ -288,9 +288,9 @@ def rope_arguments(model: facts.ModelFacts) -> list[str]:
 def norm_arguments(model: facts.ModelFacts) -> list[str]:
     """The norms' epsilon (rms_norm_eps / layer_norm_epsilon)."""
     if model.norm_eps is None:
-        raise UserError("this profile does not record the model's norm epsilon (rms_norm_eps), and Megatron-LM's "
-                        "default (1e-5) may train another model; re-create the profile with this ckplan's "
-                        "`ckplan profile --arch/--arch-config`")
+        raise UserError("this profile does not record the model's norm epsilon (the --arch-config it was made from "
+                        "names no rms_norm_eps, or an older ckplan made it), and Megatron-LM's default (1e-5) may train "
+                        "another model; write the model's rms_norm_eps into the config and profile it again")
     return [arg("--norm-epsilon", model.norm_eps)]
 
 

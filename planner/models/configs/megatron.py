@@ -15,7 +15,7 @@ from pathlib import Path
 from planner.errors import UserError
 from planner.models.archs import Arch
 from planner.models.configs import Job, Recompute, megatron_env, megatron_gptoss, pending
-from planner.models.configs.megatron_args import Flags, positive
+from planner.models.configs.megatron_args import Flags, check_positions, positive
 from planner.models.configs.megatron_ddp import read_data_parallel
 from planner.models.configs.megatron_deepspeed import megatron_lm_flags, read_deepspeed
 from planner.models.configs.megatron_files import (
@@ -130,6 +130,7 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int, int]:
 
     layers, hidden = need("--num-layers", "decoder layers"), need("--hidden-size", "hidden size")
     heads, seq_len = need("--num-attention-heads", "attention heads"), need("--seq-length", "tokens per sequence")
+    check_positions(flags, seq_len)
     # the default width: 4 x hidden, or with --swiglu two thirds of it rounded down to a multiple of 64
     # (arguments.py 1320-1329 at d98e8a64); --moe-ffn-hidden-size defaults to it (1650-1651)
     default_ffn = int((4 * hidden * 2 / 3) / 64) * 64 if flags.has("--swiglu") else 4 * hidden
@@ -222,9 +223,8 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int, int]:
 
 
 def _learned_positions(flags: Flags, seq_len: int) -> int | None:
-    """The learned position table's rows of a GPT-style model (--position-embedding-type
-    learned_absolute, Megatron-LM's default: arguments.py 2115 at 6e091e1b): --max-position-embeddings
-    (required there, at least --seq-length: 1264-1301); None for rope, none or --no-position-embedding."""
+    """The learned position table's rows of a GPT-style model (--position-embedding-type learned_absolute, Megatron-LM's
+    default: arguments.py 2115 at 6e091e1b): --max-position-embeddings; None for rope, none or --no-position-embedding."""
     kind = flags.take("--position-embedding-type", "position embedding (learned_absolute: a table of parameters "
                       "on the first stage; rope, none: no parameters)", str, "learned_absolute")
     if flags.take("--no-position-embedding", "no position embedding", bool, False) or kind != "learned_absolute":

@@ -64,3 +64,15 @@ def positive(flag: str, value: int | None) -> int | None:
     if value is not None and value < 1:
         raise UserError(f"{flag} {value}: give 1 or more")
     return value
+
+
+def check_positions(flags: Flags, seq_len: int) -> None:
+    """Megatron-LM stops at its argument checks where --max-position-embeddings is under --seq-length, whatever
+    the positions (rope, yarn and none too: megatron/training/arguments.py 1353-1356 at d98e8a64), so such a
+    script is refused here before it is scored."""
+    values = flags.given.get("--max-position-embeddings") or []
+    if len(values) == 1 and values[0].isdigit() and int(values[0]) < seq_len:
+        raise UserError(f"--max-position-embeddings {values[0]} is under --seq-length {seq_len}, and Megatron-LM "
+                        f"stops there (\"max_position_embeddings ({values[0]}) must be greater than or equal to "
+                        f"seq_length ({seq_len})\", megatron/training/arguments.py 1354 at d98e8a64); give "
+                        f"--max-position-embeddings {seq_len} or more, or a --seq-length of {values[0]} or less")
