@@ -26,9 +26,9 @@ def main() -> None:
     seen = []
     net = assembly.net_extra_bytes
 
-    def spy(extra_and_kept):  # the stage's (extra, kept) per layer, as the transient nets them
+    def spy(extra_and_kept, *floor):  # the stage's (extra, kept) per layer, as the transient nets them
         seen.append(list(extra_and_kept))
-        return net(extra_and_kept)
+        return net(extra_and_kept, *floor)
 
     assembly.net_extra_bytes = spy
     prediction = predict(read_job(args.from_megatron, None), gpus=args.gpus, gpu_name=args.gpu)

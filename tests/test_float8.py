@@ -371,32 +371,71 @@ def test_under_tp_with_sp_the_norms_output_is_cast_on_its_shard_and_saved_in_flo
 # ---------------------------------------------------------------- TE's FP8 weights under --fp8-param-gather
 
 
-@pytest.mark.parametrize("gpu, dp, transposed", [("h100", 4, True), ("h100", 1, True), ("b200", 4, False)])
-def test_te_fp8_weights_are_cast_from_the_master_shard_once_a_step_and_transposed_once_on_hopper(gpu, dp, transposed):
-    # TE v2.9 `_cast_master_weights_to_fp8_current_scaling` (framework-facts §639): amax of the fp32 master shard
-    # (4 B) and its cast into the FP8 parameter (4 + 1 B), 9 B a shard element; on Hopper the next forward's
-    # transpose of the whole local FP8 weight (1 + 1 B a local element), cached across microbatches
-    from planner.cost import float8 as cost_float8
+def _fp8_weights_case(gpu: str):
     from planner.models.membound_rate import achieved_tbps
 
     spec = archs.gpu(gpu)
     profile = analytic.analytic_profile(MID, SHAPE, gpu=spec, model=REF)
     block = profile.layers[1]
-    n, fused = block.float8.param_count, achieved_tbps(spec, "fused") * 1e12
-    te = dict(runtime="megatron", float8=True, fp8_current_scaling=True, dp=dp, zero=1)
+    return profile, block, block.float8.param_count, achieved_tbps(spec, "fused") * 1e12
+
+
+@pytest.mark.parametrize("gpu, dp, transposed", [("h100", 4, True), ("h100", 1, True), ("b200", 4, False)])
+@pytest.mark.parametrize("recipe, shard_bytes", [("fp8_current_scaling", 11), ("fp8_delayed_scaling", 9)])
+def test_te_fp8_weights_are_cast_from_the_master_shard_once_a_step_and_transposed_once_on_hopper(
+        gpu, dp, transposed, recipe, shard_bytes):
+    # TE v2.9 `cast_master_weights_to_fp8` (framework-facts §639, §674): the fp32 master shard copied to bf16 (4 + 2 B,
+    # utils.py 107); current scaling: the copy's amax (2 B) and its cast into the FP8 parameter (2 + 1 B), 11 B a
+    # shard element; delayed scaling: the cast alone, its amax written as it casts (2 + 1 B), 9 B; on Hopper the next
+    # forward's transpose of the whole local FP8 weight (1 + 1 B a local element), cached across microbatches
+    from planner.cost import float8 as cost_float8
+
+    profile, block, n, fused = _fp8_weights_case(gpu)
+    te = dict(runtime="megatron", float8=True, dp=dp, zero=1) | {recipe: True}
     primary = setup(**te, fp8_all_gather=True)
-    assert cost_float8.te_primary_weights(primary)
+    assert cost_float8.te_primary_weights(primary) == "zero1"
     made = float8_profile(profile, primary).layers[1]
-    # the step's share a rank runs is step_ms / K (dataparallel.device_step_ms): 9 B of its n / K shard elements
-    # and 2 B of its n local ones
-    shard_ms = 9 * n / dp / fused * 1e3 + (2 * n / fused * 1e3 if transposed else 0.0)
-    before = float8_profile(profile, setup(**te)).layers[1]  # TE's workspace cast, once a step: 5 B a local element
+    # the step's share a rank runs is step_ms / K (dataparallel.device_step_ms): shard_bytes of its n / K shard
+    # elements and 2 B of its n local ones
+    shard_ms = shard_bytes * n / dp / fused * 1e3 + (2 * n / fused * 1e3 if transposed else 0.0)
     assert dataparallel.device_step_ms(made.step_ms["adam"] - block.step_ms["adam"], primary) == pytest.approx(shard_ms)
-    assert dataparallel.device_step_ms(before.step_ms["adam"] - block.step_ms["adam"], setup(**te)) == \
-        pytest.approx(block.float8.weight_cast_ms) == pytest.approx(5 * n / fused * 1e3)
-    # the parameter is the FP8 tensor: no weight cast in any microbatch's forward or rerun (as the workspace's)
+    # the parameter is the FP8 tensor: no weight cast in any microbatch's forward or rerun, no transpose there
     record = cost_float8.runtime_profile(profile, primary).layers[1].float8  # on TE's fused kernels
-    assert made.fwd_ms == before.fwd_ms == pytest.approx(record.fwd_ms)
-    assert made.recompute_ms == before.recompute_ms
-    # delayed scaling's master cast is not read: as before
-    assert not cost_float8.te_primary_weights(setup(**(te | {"fp8_current_scaling": False}), fp8_all_gather=True))
+    assert made.fwd_ms == pytest.approx(record.fwd_ms) and made.bwd_ms == pytest.approx(record.bwd_ms)
+    if recipe == "fp8_current_scaling":  # without FP8 weights: TE's workspace cast, once a step, 5 B a local element
+        before = float8_profile(profile, setup(**te)).layers[1]
+        assert dataparallel.device_step_ms(before.step_ms["adam"] - block.step_ms["adam"], setup(**te)) == \
+            pytest.approx(block.float8.weight_cast_ms) == pytest.approx(5 * n / fused * 1e3)
+        assert made.fwd_ms == before.fwd_ms and made.recompute_ms == before.recompute_ms
+    # neither recipe named (blockwise, MXFP8: their casts not read): not applied
+    assert not cost_float8.te_primary_weights(setup(**(te | {recipe: False}), fp8_all_gather=True))
+
+
+@pytest.mark.parametrize("gpu, transposed", [("h100", True), ("b200", False)])
+def test_megatron_fsdp_casts_its_fp8_shard_once_a_step_and_transposes_every_forward_and_backward_on_hopper(
+        gpu, transposed):
+    # megatron-core 92c8482e's copy_main_weights_to_model_weights calls TE's cast_master_weights_to_fp8 with the FSDP
+    # shards (framework-facts §673): 11 B a shard element under current scaling, no transpose kept across
+    # microbatches: the unit's post-forward and post-backward drop it, so on Hopper the forward makes it (1 + 1 B a
+    # weight element) and the backward makes it again; none on Blackwell
+    from planner.cost import float8 as cost_float8
+    from planner.cost import megatron_fsdp
+
+    profile, block, n, fused = _fp8_weights_case(gpu)
+    te = dict(runtime="megatron", float8=True, fp8_current_scaling=True, dp=8, zero=3)
+    fsdp = setup(**te, fp8_all_gather=True)
+    assert megatron_fsdp.runs(fsdp) and cost_float8.te_primary_weights(fsdp) == "megatron-fsdp"
+    made = float8_profile(profile, fsdp).layers[1]
+    assert dataparallel.device_step_ms(made.step_ms["adam"] - block.step_ms["adam"], fsdp) == \
+        pytest.approx(11 * n / 8 / fused * 1e3)
+    record = cost_float8.runtime_profile(profile, fsdp).layers[1].float8
+    transpose_ms = 2 * n / fused * 1e3 if transposed else 0.0
+    assert made.fwd_ms == pytest.approx(record.fwd_ms + transpose_ms)
+    assert made.bwd_ms == pytest.approx(record.bwd_ms + transpose_ms)
+    assert made.recompute_ms == pytest.approx(cost_float8.float8_profile(profile, setup(**te)).layers[1].recompute_ms)
+    # ZeRO 1 over the same ranks: the transpose once a step (K x 2 B a shard element), none in the passes
+    zero1 = setup(**(te | {"zero": 1}), fp8_all_gather=True)
+    one = float8_profile(profile, zero1).layers[1]
+    assert one.fwd_ms == pytest.approx(record.fwd_ms)
+    assert dataparallel.device_step_ms(one.step_ms["adam"] - block.step_ms["adam"], zero1) == \
+        pytest.approx(11 * n / 8 / fused * 1e3 + transpose_ms)

@@ -17,9 +17,10 @@ Time, per layer with a record:
   cache_name=(None if is_first_microbatch is None else "weight"))`, transformer_engine/pytorch/module/
   linear.py `_Linear.forward`, as stored; docs/framework-facts.md §21) and Megatron passes
   is_first_microbatch; reruns reuse it. With TE's FP8 weights (Megatron's --fp8-param-gather on its
-  distributed optimizer, current scaling: te_primary_weights) the parameter is the FP8 tensor, cast in no
-  microbatch: the step casts the fp32 master shard into it and the next forward transposes it once on Hopper
-  (te_master_cast_ms, in the layer's step time);
+  distributed optimizer or under Megatron-FSDP, current or delayed scaling: te_primary_weights) the parameter is
+  the FP8 tensor, cast in no microbatch: the step casts the fp32 master shard into it (te_master_cast_ms, in the
+  layer's step time) and on Hopper the distributed optimizer's next forward transposes it once, Megatron-FSDP's
+  every forward and backward (fsdp_transpose_ms, in the layer's passes);
 - with the float8 all-gather (torchao's; and TE's FP8 weights where te_primary_weights does not read them), the scales of every converted weight's shard computed once per
   iteration after the optimizer step (torchao `precompute_float8_dynamic_scale_for_fsdp`,
   v0.11.0 `torchao/float8/fsdp_utils.py` 29-80: max(abs) of each fp32 shard, one all-reduce of
@@ -114,6 +115,7 @@ def float8_applied(profile: Profile, setup: TrainSetup) -> Profile:
     gathered = setup.training.fp8_all_gather and dataparallel.shard_size(setup) > 1
     primary = te_primary_weights(setup)
     step_ms = te_master_cast_ms(profile, setup) if primary else _precompute_ms(profile) if gathered else 0.0
+    transpose_ms = fsdp_transpose_ms(profile, setup)  # Megatron-FSDP's per-microbatch transposes (Hopper)
     # Transformer Engine casts a weight once per step, not per microbatch (the module's docstring): charged
     # in the step time, which the cost model divides over the shard group, so taken times it (each rank
     # casts its whole weight); none where the weight is the FP8 parameter (te_master_cast_ms instead)
@@ -130,7 +132,8 @@ def float8_applied(profile: Profile, setup: TrainSetup) -> Profile:
             else layer for layer in profile.layers]})
     if te_inputs or moe_inputs:  # the selective options' FP8 saved inputs (te_float8_kept.py)
         profile = te_float8_kept.selective_kept(profile, dense=te_inputs, moe=moe_inputs)
-    layers = [_layer(layer, gathered=gathered or primary, memory=record.float8_memory, step_ms=step_ms, per_step=per_step,
+    layers = [_layer(layer, gathered=gathered or bool(primary), memory=record.float8_memory, step_ms=step_ms,
+                     per_step=per_step, transpose_ms=transpose_ms,
                      saves_input=record.float8_saves_input,
                      kept_delta=te_delta if layer.kind == "decoder_block" else 0,
                      te_inputs=te_inputs if layer.kind == "decoder_block" else None)
@@ -139,12 +142,16 @@ def float8_applied(profile: Profile, setup: TrainSetup) -> Profile:
 
 
 def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float, per_step: int = 0,
-           saves_input: bool = False, kept_delta: int = 0, te_inputs: dict | None = None) -> LayerProfile:
+           saves_input: bool = False, kept_delta: int = 0, te_inputs: dict | None = None,
+           transpose_ms: float = 0.0) -> LayerProfile:
     fp8: Float8Linears = layer.float8
-    if saves_input:  # the float8 input saved: its recast does not run (the record's part of bwd_ms)
-        fp8 = fp8.model_copy(update={"bwd_ms": fp8.bwd_ms - fp8.bwd_input_recast_ms})
+    transpose = transpose_ms * fp8.param_count  # one in the forward, one in the backward (fsdp_transpose_ms)
+    update = {"bwd_ms": fp8.bwd_ms - fp8.bwd_input_recast_ms} if saves_input else {}  # the float8 input saved:
+    if transpose:  # its recast does not run (the record's part of bwd_ms)
+        update["bwd_ms"] = update.get("bwd_ms", fp8.bwd_ms) + transpose
+    fp8 = fp8.model_copy(update=update) if update else fp8
     cast = 0.0 if gathered or per_step else fp8.weight_cast_ms
-    fwd = fp8.fwd_ms + cast
+    fwd = fp8.fwd_ms + cast + transpose
     kept_weight = fp8.param_count if memory and not gathered else 0  # float8 weight saved, 1 B a parameter
     options = []
     for option in layer.recompute_options:
@@ -253,38 +260,69 @@ def forward_casts(layer: LayerProfile, setup: TrainSetup) -> list[Float8Cast]:
             for cast in fp8.forward_casts]
 
 
-def te_primary_weights(setup: TrainSetup) -> bool:
-    """Transformer Engine's FP8 current scaling with the weights kept in FP8 on Megatron-core's distributed optimizer
-    (Megatron-LM's --fp8-param-gather, bridgeterms.fp8_primary_weights; ZeRO 1, or DP 1): the parameter is the
-    Float8Tensor, cast from the fp32 master shard once a step (te_master_cast_ms), no weight cast in any
-    microbatch. Not under Megatron-FSDP (its gathered weights' transposes not read) nor delayed scaling (its master
-    cast, `_cast_master_weights_to_fp8_delayed_scaling`, not read): those as before."""
+def te_primary_weights(setup: TrainSetup) -> str:
+    """Where Transformer Engine's FP8 weights are the parameters and cast from an fp32 master shard once a step
+    (Megatron-LM's --fp8-param-gather, bridgeterms.fp8_primary_weights; current or delayed scaling): "zero1" on
+    Megatron-core's distributed optimizer (ZeRO 1, or DP 1: `_copy_main_params_to_model_params` ->
+    fp8_utils.quantize_param_shard), "megatron-fsdp" under Megatron-FSDP (`copy_main_weights_to_model_weights`, the
+    same TE call with the FSDP shards: docs/framework-facts.md §673); "" where not (as before: torchao's float8
+    all-gather path, or TE's workspace cast). No weight cast in any microbatch where it is set (te_master_cast_ms,
+    fsdp_transpose_ms). The value keys the search's Float8 application (jobsearch.Profiles.for_setup)."""
     from planner.cost import bridgeterms, megatron_fsdp
 
     training = setup.training
-    return (bridgeterms.fp8_primary_weights(training, runtimes.of(training)) and training.fp8_current_scaling
-            and setup.data_parallel.zero <= 1 and not megatron_fsdp.runs(setup))
+    if not (bridgeterms.fp8_primary_weights(training, runtimes.of(training))
+            and (training.fp8_current_scaling or training.fp8_delayed_scaling)):
+        return ""
+    if megatron_fsdp.runs(setup):
+        return "megatron-fsdp"
+    return "zero1" if setup.data_parallel.zero <= 1 else ""
 
 
 def te_master_cast_ms(profile: Profile, setup: TrainSetup) -> float:
     """Per converted parameter, the step's FP8 weight under te_primary_weights, ms in the layer's step time (which
     the cost model divides over the shard group K, dataparallel.device_step_ms), at the fused rate ckplan charges
     TE's casts (planner/profiler/float8.py `_bytes_ms`; planner/models/membound_rate.py). TransformerEngine v2.9
-    (70f53666) `transformer_engine/pytorch/tensor/utils.py` 227-333, `_cast_master_weights_to_fp8_current_scaling`
-    (docs/framework-facts.md §639): `tex.compute_amax` reads each fp32 master shard (4 B an element of the shard),
-    then the shard is cast into the FP8 parameter (4 B read, `fp8_param_bytes` written): 9 B a shard element; and
-    its `_reset_caches()` drops the Hopper transpose, which the next forward makes again once from the whole local
-    FP8 weight (`tensor/storage/float8_tensor_storage.py` 183-229: 1 B read, `fp8_param_transpose_bytes` written)
-    and keeps across microbatches: a local element's bytes, so taken times K. No transpose on Blackwell
-    (bridgesettings.TN_ONLY_GPUS). The amax all-reduce (one float a weight) is not charged."""
+    (70f53666) `transformer_engine/pytorch/tensor/utils.py` (docs/framework-facts.md §639, §674):
+    `cast_master_weights_to_fp8` first copies each fp32 master shard to the parameter's nominal dtype (107:
+    `master_weight.to(model_weight.dtype)`, bf16: 4 B read, 2 written); current scaling then reads that copy for
+    its amax (274 `tex.compute_amax`, 2 B) and casts it (332, 2 + `fp8_param_bytes`): 11 B a shard element;
+    delayed scaling casts it at the scale the history gave, the amax written by the cast itself (195
+    `update_quantized`, 2 + 1): 9 B. Each drops the weight's transpose (`_reset_caches`, 166 / 309): on Hopper
+    the distributed optimizer's next forward makes it again once from the whole local FP8 weight
+    (`tensor/storage/float8_tensor_storage.py` 183-229: 1 B read, `fp8_param_transpose_bytes` written) and keeps
+    it across microbatches: a local element's bytes, so taken times K; under Megatron-FSDP it is made per
+    microbatch instead (fsdp_transpose_ms). No transpose on Blackwell (bridgesettings.TN_ONLY_GPUS). The amax
+    all-reduce over the group: the runtime's step_collectives (stepcomm.py)."""
     from planner.cost import dataparallel
     from planner.cost.bridgesettings import TN_ONLY_GPUS
     from planner.models.membound_rate import achieved_tbps
 
     record, gpu = runtimes.of(setup.training), dataparallel.profile_gpu(profile)
-    master = FP32_BYTES + FP32_BYTES + record.fp8_param_bytes
-    transpose = record.fp8_param_bytes + record.fp8_param_transpose_bytes if gpu.name in TN_ONLY_GPUS else 0
+    nominal = dataparallel.param_bytes(setup).weights  # the bf16 copy of the shard (utils.py 107)
+    master = FP32_BYTES + nominal + (nominal if setup.training.fp8_current_scaling else 0) \
+        + nominal + record.fp8_param_bytes
+    once = gpu.name in TN_ONLY_GPUS and te_primary_weights(setup) == "zero1"
+    transpose = record.fp8_param_bytes + record.fp8_param_transpose_bytes if once else 0
     return (master + transpose * dataparallel.shard_size(setup)) / (achieved_tbps(gpu, "fused") * 1e12) * 1e3
+
+
+def fsdp_transpose_ms(profile: Profile, setup: TrainSetup) -> float:
+    """Per converted parameter, Megatron-FSDP's FP8 weight transpose on Hopper in one forward or one backward of a
+    microbatch, ms (0 elsewhere): megatron-core 92c8482e's unit post-forward and post-backward set each FP8
+    parameter's `_transpose = None` (megatron_fsdp.py 492-504, 779-783; keep_fp8_transpose_cache off, §673), so
+    TE v2.9's forward makes it for the dgrad (linear.py 393-395, layernorm_linear.py 416-418) and the backward
+    makes it again (linear.py 682-685, layernorm_linear.py 690-691; under full recompute the rerun's forward, whose
+    weights are kept to the backward: two a microbatch either way): 1 B read and `fp8_param_transpose_bytes`
+    written a gathered weight element, each, at the fused rate."""
+    from planner.cost import dataparallel
+    from planner.cost.bridgesettings import TN_ONLY_GPUS
+    from planner.models.membound_rate import achieved_tbps
+
+    record, gpu = runtimes.of(setup.training), dataparallel.profile_gpu(profile)
+    if te_primary_weights(setup) != "megatron-fsdp" or gpu.name not in TN_ONLY_GPUS:
+        return 0.0
+    return (record.fp8_param_bytes + record.fp8_param_transpose_bytes) / (achieved_tbps(gpu, "fused") * 1e12) * 1e3
 
 
 def _precompute_ms(profile: Profile) -> float:

@@ -55,7 +55,15 @@ STEP_COLLECTIVES = (("gradient norm", "grad_stats", ""), ("count_zeros", "grad_s
                     ("params norm, sharded (GTP)", "dp_cp", "log_params_norm"),
                     ("params norm, expert sharded", "expert_dp", "log_params_norm"),
                     ("params norm, expert sharded (GTP)", "expert_dp", "log_params_norm"),
-                    ("params norm, model parallel", "model_parallel", "log_params_norm"))
+                    ("params norm, model parallel", "model_parallel", "log_params_norm"),
+                    # --fp8-param-gather (which needs the distributed optimizer or an FSDP: arguments.py 709-711 at
+                    # megatron-core 92c8482e): the step's master cast into the FP8 weights all-reduces their packed
+                    # amaxes (MAX, one fp32 a weight: a few hundred floats, latency-bound) over the optimizer's
+                    # data_parallel_group (distrib_optimizer.py 2430-2432; Megatron-FSDP's param_and_grad_buffer.py
+                    # 2573-2576: the dense parameters' dp_cp group), TransformerEngine v2.9 tensor/utils.py 206-210
+                    # (delayed), 279 (current scaling) (docs/framework-facts.md §675); before the next forward's
+                    # all-gather of those weights, so not hidden
+                    ("FP8 weights' amaxes (master cast)", "dp_cp", "fp8_all_gather"))
 # the timers that synchronize the device at start and stop (docs/framework-facts.md §275-§277), Megatron-LM 2795ebde:
 # schedules.py 268/321, 382/437 (each microbatch's compute, level 2), 487/545 (forward-backward, level 1, stopped after
 # finalize_model_grads); training.py 1421-1423 (optimizer, level 1)
