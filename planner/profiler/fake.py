@@ -276,6 +276,7 @@ class _LayerRun:
     option_work: dict[str, Work]
     routing: Routing | None = None  # a mixture-of-experts layer's experts and balanced routing (fake_moe.py)
     expert_transient: int = 0  # of transient, the routed experts' weight gradients'
+    incoming: int = 0  # of transient, the gradient of the output (measure._transient_parts)
 
 
 def _run_options(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, plain: Work,
@@ -333,13 +334,13 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                 param.grad = torch.zeros_like(param)
         has_backward = grad is not None and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
         with blame(f"layer {name!r}"), data_free(f"layer {name!r}"):
-            transient = measure._transient_bytes(layer, x, grad, tracker=lambda device: StorageTracker())
+            transient, incoming = measure._transient_parts(layer, x, grad, tracker=lambda device: StorageTracker())
             fwd, bwd, recompute = _layer_work(layer, x, grad)
             linears.append(float8.module_linears(layer, x, name) if has_backward else [])
             runs.append(_LayerRun(fwd, bwd, recompute, transient, has_backward,
                                   *_run_options(layer, x, grad, fwd + bwd, has_backward),
                                   fake_moe.fake_routing(layer, x),
-                                  fake_moe.expert_transient_bytes(layer, x, grad, transient)))
+                                  fake_moe.expert_transient_bytes(layer, x, grad, transient), incoming))
             records.append(allocseq.layer_records(layer, x, grad, list(runs[-1].option_transients)))
         layer.zero_grad(set_to_none=True)
     linear_calls = [float8.converted(calls) for calls in linears]
@@ -367,6 +368,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             param_count=count,
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0), transient_bytes=transient,
+            incoming_grad_bytes=run.incoming,
             lookup_param_count=lookup_param_count(layer), buffer_bytes=buffer_bytes(layer),
             step_ms=analytic.step_ms(count, gpu), **_routing_fields(run),
             recompute_options=[
