@@ -30,6 +30,7 @@ from planner.cost import (
     stepcounts,
     te_delayed,
     tiedadd,
+    warmupsend,
 )
 from planner.cost import quantities as declarations
 from planner.cost.gathered import (
@@ -357,6 +358,10 @@ TERMS: tuple[Term, ...] = (
          lambda layer, stage, ctx: held_outputs_bytes(layer, stage, ctx.setup),
          "the runtime record's outputs_held_to_step_end (torch's output_chunks before pytorch#153383 or where "
          "step() returns them)"),
+    Term("an output a 1F1B warm-up send keeps past its backward", "buffers", "close",
+         lambda layer, stage, ctx: warmupsend.held_send_bytes(layer, stage, ctx.setup),
+         "the runtime record's warmup_send_held (torch 2.13.0 schedules.py 1062-1147: Schedule1F1B's send_work; "
+         "measured on the runtime, framework-facts §666-§667)"),
     Term("output sent forward", "comm", "close",
          lambda layer, stage, ctx: last_layer_comm_ms(layer, stage, ctx.setup),
          "calibrated send line (ckplan calibrate)"),
