@@ -3,11 +3,12 @@
 what its sends' Works keep, evaluate's stage 0 by hand, and ckplan's own run of tests/fixtures/shared_input.py."""
 
 import weakref
+from pathlib import Path
 
 import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from planner.cost import costmodel, warmupsend
+from planner.cost import costmodel, lossvalues, warmupsend
 from planner.models.synthetic import layer, profile_of
 from planner.schema import TrainSetup
 
@@ -148,3 +149,44 @@ def test_evaluate_charges_the_output_on_the_stage_that_holds_it(monkeypatch):
     assert on3[1].peak_bytes == off3[1].peak_bytes
     assert [c.peak_bytes for c in on2] == [c.peak_bytes for c in off2]
     assert [c.peak_bytes for c in old] == [c.peak_bytes for c in costs(3, runtime="torchtitan", runtime_version="9dec370")]
+
+
+def test_the_last_stage_holds_every_loss_value_and_the_seed_by_hand():
+    """shared_input's measured last stage (framework-facts §669): 1F1B at 4 microbatches holds 4 loss values (4 B each)
+    and the seed, 20 B, none of it charged but the in-flight microbatch's value, netted off before the layers' backward
+    with the loss's saved tensors: 5 values; GPipe (every microbatch in flight, three values charged as kept) that one
+    and the seed, 8 B. No other stage, no walked schedule, no runtime of its own schedules."""
+    assert lossvalues.held_values_bytes(1, _setup(2, 4)) == 5 * 4
+    assert lossvalues.held_values_bytes(1, _setup(2, 8)) == 9 * 4
+    assert lossvalues.held_values_bytes(1, _setup(2, 4, "GPipe")) == 2 * 4
+    assert lossvalues.held_values_bytes(0, _setup(2, 4)) == 0
+    assert lossvalues.held_values_bytes(0, _setup(1, 4)) == 0
+    assert lossvalues.held_values_bytes(1, _setup(2, 4, "interleaved-1F1B", chunks=2)) == 0
+    assert lossvalues.held_values_bytes(1, _setup(2, 4, runtime="torchtitan")) == 5 * 4
+    assert lossvalues.held_values_bytes(1, _setup(2, 4, runtime="megatron")) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["1F1B", "GPipe"])
+def test_the_shared_input_models_stages_peak_at_their_prediction(schedule, tmp_path):
+    """Squash + Res | Res + head, 4 microbatches of 4, ckplan's own run: both stages exactly their prediction (stage 0
+    under 1F1B holds microbatch 0's output by its warm-up send; the last stage its four loss values and the seed)."""
+    from planner import io
+    from planner.runtime.launcher import run_plan
+    from planner.schema import StagePlan
+    from tests.fixtures.cli import run_ok
+
+    root = Path(__file__).resolve().parent.parent
+    profile_path, plan_path = tmp_path / "profile.json", tmp_path / "plan.yaml"
+    run_ok("profile", root / "tests" / "fixtures" / "shared_input.py", "--micro-batch-size", "4", "--threads", "1",
+           "--repeats", "1", "--warmup", "1", "--out", profile_path)
+    run_ok("solve", "--profile", profile_path, "--stages", "2", "--mem", "10MiB", "--microbatches", "4",
+           "--schedule", schedule, "--out", plan_path)
+    plan, profile = io.load_plan(plan_path), io.load_profile(profile_path)
+    names = [item.name for item in profile.layers]
+    stages = [StagePlan(index=0, layers=names[:2]), StagePlan(index=1, layers=names[2:])]
+    cost = costmodel.evaluate(stages, profile, plan.setup)
+    plan = plan.model_copy(update={"stages": [stage.model_copy(update={"predicted": c.predicted()})
+                                              for stage, c in zip(stages, cost.stages)]})
+    report = run_plan(plan, plan_file=plan_path, steps=1, warmup_steps=1)
+    assert [s.measured.peak_bytes for s in report.stages] == [s.predicted.peak_bytes for s in report.stages], report

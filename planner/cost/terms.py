@@ -23,6 +23,7 @@ from planner.cost import (
     hosttime,
     hpgrads,
     jobsettings,
+    lossvalues,
     megatron_dp,
     megatron_loss,
     nccl_sms,
@@ -374,6 +375,10 @@ TERMS: tuple[Term, ...] = (
          stage, ctx: hosttime.timer_sync_ms(stage, ctx.profile, ctx.setup), "timers.py 130-155, 2795ebde (§275)"),
     Term("what the loss keeps", "kept", "stage",
          lambda stage, ctx: loss_kept_bytes(ctx.profile, stage, ctx.setup), "saved-tensor hooks on the loss (profiler)"),
+    Term("the loss values kept past their backward, and the backward's seed", "buffers", "stage",
+         lambda stage, ctx: lossvalues.held_values_bytes(stage, ctx.setup),
+         "the runtime record's loss_values_held (torch 2.13.0 schedules.py 299-339: _internal_losses; "
+         "autograd/__init__.py 225-234: ones_like; framework-facts §649, §669)"),
     Term("tied parameters held once where all their holders share the stage", "static", "stage",
          lambda stage, ctx: tied_once_bytes(ctx.profile, stage, ctx.setup) + stepcounts.tied_once_bytes(ctx.profile, stage, ctx.setup),
          "one nn.Parameter in one process (planner/cost/tied.py); a Qwen2.5 config counted its embedding twice"),
