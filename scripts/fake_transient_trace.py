@@ -45,7 +45,7 @@ class _Named(fake_wgrad._Logged):
 
 
 def trace(layer, x, grad) -> dict:
-    """fake_wgrad.transient_in_place of one layer, with what is alive at each of its two peaks."""
+    """fake_wgrad.transient_parts of one layer, with what is alive at each of its two peaks."""
     fresh, memory = set(), _Named()
 
     def handed(gradient: torch.Tensor) -> None:
@@ -102,20 +102,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch-size", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    found, real = [], fake_wgrad.transient_in_place
+    found, real = [], fake_wgrad.transient_parts
 
     def traced(layer, x, grad):
         found.append(trace(layer, x, grad))
         return real(layer, x, grad)
 
-    fake_wgrad.transient_in_place = traced
+    fake_wgrad.transient_parts = traced
     try:
         with tempfile.TemporaryDirectory() as work:
             result = CliRunner().invoke(cli, ["profile", "--hf-config", str(args.config), "--fake", "--seq-len",
                                               str(args.seq_len), "--micro-batch-size", str(args.micro_batch_size),
                                               "--out", str(Path(work) / "f.json")])
     finally:
-        fake_wgrad.transient_in_place = real
+        fake_wgrad.transient_parts = real
     if result.exit_code:
         print(result.output.strip().splitlines()[-1])
         return 1

@@ -107,9 +107,13 @@ def test_a_toml_in_mains_keys_predicts_as_the_same_toml_in_0_3_0s(tmp_path):
     # the extra's parts freed with their sub-blocks or matmuls; since §31.f8cast's second round, the gathered input
     # whole beside the caller's shard and the sub-modules' arguments freed after their tensors, rank 0's 8,388,608
     # and rank 1's 33,554,432 higher again, where the freed blocks fall; since its third round, TP + SP's row-parallel
-    # partial sums beside their shards, rank 0's 33,554,432 lower)
+    # partial sums beside their shards, rank 0's 33,554,432 lower; since §44.boundgrad2 rank 0's peak 33,554,432 lower
+    # again, one stage output: its last block's backward transient less the gradient its receive buffer holds; since
+    # §45.boundgrad3 rank 0's peak and reserve 33,554,432 higher, one stage output: microbatch 0's, kept past its
+    # backward by Schedule1F1B's warm-up send through the steady phase, 4 microbatches at w = 2: warmupsend.py; and
+    # rank 1's 20 B higher, its four loss values and the backward's seed: lossvalues.py)
     assert per_rank(str(tmp_path / "main.toml")) == per_rank(str(tmp_path / "release.toml")) == [
-        (13551501312, 16152805376, 17968398336), (13551528960, 23779617796, 28330426368)]
+        (13551501312, 16152805376, 18001952768), (13551528960, 23779617816, 28330426368)]
 
 
 def test_tokens_that_are_not_whole_sequences_are_refused():

@@ -7,20 +7,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.cost import (
-    afterstep,
-    allocator,
-    asynctp,
-    comm,
+    boundgrad,
     dataparallel,
     gathered,
     megatron_fsdp_moments,
-    nccl_buffers,
-    runtimes,
     te_offload,
-    te_userbuffers,
 )
 from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.rules import compute_ms, input_pass_peak_bytes, layer_step_ms, layer_time_ms
+from planner.cost.stagelimits import (  # noqa: F401  (costmodel's names)
+    async_tp_workspace_bytes,
+    communicator_bytes,
+    cublas_workspaces_bytes,
+    fragmentation,
+    host_cap_bytes,
+    limit_bytes,
+    workspace_bytes,
+)
 from planner.cost.terms import (
     Context,
     _rows_at,
@@ -32,8 +35,6 @@ from planner.cost.terms import (
 from planner.schema import (
     OPTION_FULL,
     OPTION_NONE,
-    DataParallelSetup,
-    PipelineSetup,
     Profile,
     StagePlan,
     StagePredicted,
@@ -209,74 +210,6 @@ def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_
     return (feasible_iteration_ms - base) / (setup.pipeline.microbatches - 1) * (1 + 1e-9) + 1e-9
 
 
-def fragmentation(pipeline: PipelineSetup, *, device_type: str) -> float:
-    """The share of reserved memory the caching allocator loses at the peak: cuda only, the
-    setup's or the published mean (allocator.DEFAULT_FRAGMENTATION)."""
-    if device_type != "cuda":
-        return 0.0
-    stated = pipeline.fragmentation
-    return allocator.DEFAULT_FRAGMENTATION if stated is None else stated
-
-
-def workspace_bytes(stage: int, ctx: Context) -> int:
-    """The communication libraries' buffers on the rank holding `stage` (cuda; gloo on cpu: nothing): NCCL's per
-    communicator (nccl_buffers.rank_buffers), AsyncTP's symmetric workspace, TE's userbuffers (te_userbuffers)."""
-    if ctx.device_type != "cuda":
-        return 0
-    return sum(communicator_bytes(stage, ctx).values()) + async_tp_workspace_bytes(ctx) \
-        + te_userbuffers.buffer_bytes(ctx.setup.comm, ctx.setup.training, ctx.profile.assumptions)
-
-
-def communicator_bytes(stage: int, ctx: Context) -> dict[str, int]:
-    """NCCL's buffers on the rank holding `stage`, by communicator (cuda; {} on cpu)."""
-    if ctx.device_type != "cuda":
-        return {}
-    return nccl_buffers.rank_buffers(stage, ctx.setup, ctx.profile)
-
-
-def async_tp_workspace_bytes(ctx: Context) -> int:
-    """Where the setup runs its runtime's AsyncTP and the record says the fused ops take a
-    symmetric-memory workspace (RuntimeFacts.async_tp_workspace): its bytes, the largest request of
-    any layer's fused collectives (asynctp.symmetric_workspace_bytes). 0 elsewhere."""
-    setup = ctx.setup
-    if setup.comm.tp <= 1 or comm.tp_overlap_source(setup.comm, setup.training) is None:
-        return 0
-    if setup.comm.tp_overlap != "async-tp" or not runtimes.of(setup.training).async_tp_workspace:
-        return 0
-    return max((asynctp.symmetric_workspace_bytes(layer.collectives, setup.comm.tp, float8=setup.training.float8)
-                for layer in ctx.profile.layers), default=0)
-
-
-def limit_bytes(stage: int, ctx: Context) -> int:
-    """The allocated peak stage `stage`'s own tensors may reach: its cap on cpu; on cuda what stays
-    once the communication buffers are taken, less the allocator's fragmentation margin and segment
-    rounding (allocator.allocated_limit: its reserved peak then stays within the cap), less the cuBLAS
-    workspaces the rank keeps from its first matmul (cublas_workspaces_bytes: the allocated peak
-    rank_cost reports holds them, and its limit with them)."""
-    cap = ctx.setup.pipeline.mem_caps_bytes[stage]
-    if ctx.device_type != "cuda":
-        return cap
-    return int(allocator.allocated_limit(cap - workspace_bytes(stage, ctx),
-                                         fragmentation(ctx.setup.pipeline, device_type=ctx.device_type))) \
-        - cublas_workspaces_bytes(ctx, stage)
-
-
-def cublas_workspaces_bytes(ctx: Context, rank: int | None = None) -> int:
-    """The cuBLAS workspaces a rank's runtime keeps from its first matmul to the end (afterstep.workspace_bytes: torch's,
-    CublasHandlePool.cpp getNewWorkspace; TE's, a torch.empty) and Megatron-core's global buffer (global_buffer_bytes;
-    the output layer's where `rank` holds the last stage, None: every rank's): allocated bytes, in Megatron's log."""
-    return afterstep.first_forward_bytes(ctx.setup.training, ctx.profile, ctx.setup.comm,
-                                         holds_output=afterstep.holds_last_stage(rank, ctx.setup.pipeline))
-
-
-def host_cap_bytes(data_parallel: DataParallelSetup, *, pipeline: PipelineSetup) -> int | None:
-    """A rank's share of its node's host memory: the node's ranks may hold any stage, so each
-    gets host_mem / the ranks on a node (dataparallel.host_bytes_per_node). None: not capped."""
-    if data_parallel.host_mem_bytes is None:
-        return None
-    return data_parallel.host_mem_bytes // min(data_parallel.devices_per_node, pipeline.stages * data_parallel.dp)
-
-
 # ---------------------------------------------------------------- stages and plans
 
 
@@ -412,6 +345,8 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
         for term in rows:
             values[term.quantity] += term.value(layer, ckpt, ctx)
         per_layer.append(values)
+    # before the last stage, its receive buffer is the gradient its last layer's backward runs on (boundgrad.py)
+    per_layer[-1]["extra"] -= boundgrad.closing_grad_bytes(last, int(options[-1]), stage=stage, profile=profile, setup=setup)
     per_layer = megatron_fsdp_moments.stage_moments(  # Megatron-FSDP's, then FSDP2's units beside a pipeline
         layers, options, te_offload.stage_window(layers, options, per_layer, rows, ctx) or per_layer, stage=stage, ctx=ctx)
     for values in per_layer:

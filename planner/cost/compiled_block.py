@@ -121,6 +121,19 @@ def _known(layer: LayerCost, profile: Profile) -> LayerProfile | None:
     return next((known for known in profile.layers if known.name == layer.name), None)
 
 
+def incoming_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int | None:
+    """Of the compiled record's peak (extra_bytes'), the received gradient of the block's output: the peak less the
+    peak without it, where the backward sets it (planner/cost/boundgrad.py); None where no record plays."""
+    if option != 1 or not compiledrerun.rerun_partitioned(layer.kind, setup.training):
+        return None
+    known = _known(layer, profile)
+    found = None if known is None else record(known, OPTION_FULL, setup)
+    if found is None:
+        return None
+    forward = forward_peak(found)
+    return max(backward_peak(found, layer.output_bytes), forward) - max(backward_peak(found, 0), forward)
+
+
 def extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
     """The compiled record's peak in place of the eager terms it replaces (module docstring): the record's, less the
     layer's transient and rerun, the rerun's gathered TP inputs, repeat_kv's copies and the CP ring's buffers; 0 where

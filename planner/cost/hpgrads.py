@@ -64,8 +64,14 @@ def cast_extra_bytes(layer: LayerCost, option: int, setup: TrainSetup) -> float:
     The cast runs after the stage's whole backward, when every layer's kept bytes of that microbatch are
     freed; an extra is charged net of what the layers after it keep (assembly.net_extra_bytes), so this
     is exact for a stage's first layer and over by the kept bytes of the layers before it elsewhere."""
+    arm = cast_arm_bytes(layer, option, setup)
+    return 0.0 if arm is None else max(0.0, arm - layer_extra_bytes(layer, option))
+
+
+def cast_arm_bytes(layer: LayerCost, option: int, setup: TrainSetup) -> float | None:
+    """The cast's own arm of the layer's extra (cast_extra_bytes: the cast less what the layer keeps); None where the
+    record casts none."""
     per_param = runtimes.of(setup.training).hp_grad_cast_bytes
     if not per_param or setup.training.precision != "bf16-mixed":
-        return 0.0
-    cast = per_param * (layer.largest_param_count or layer.param_count)
-    return max(0.0, cast - kept_bytes(layer, option) - layer_extra_bytes(layer, option))
+        return None
+    return per_param * (layer.largest_param_count or layer.param_count) - kept_bytes(layer, option)

@@ -95,6 +95,9 @@ class LayerCost:
     # (layer_costs: shared_out); act_bytes is net of it
     output_shared_bytes: int = 0
     buffer_bytes: int = 0  # its registered buffers (the profile's)
+    # of transient_bytes, the gradient of its output its backward runs on (the profile's incoming_grad_bytes, by
+    # kind: max(T) - max(T - r), the kind's transient being its layers' max): planner/cost/boundgrad.py
+    incoming_grad_bytes: int = 0
 
     def step_at(self, optimizer: str, threads: int | None) -> float:
         """The optimizer's step over the layer at `threads` torch threads (None: as profiled): linear between the
@@ -210,6 +213,8 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             lookup_param_count=max(item.lookup_param_count for item in same),
             buffer_bytes=max(item.buffer_bytes for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
+            incoming_grad_bytes=max(item.transient_bytes for item in same)
+            - max(item.transient_bytes - item.incoming_grad_bytes for item in same),
             recompute_ms=(None if any(item.recompute_ms is None for item in same)
                           else fmean(item.recompute_ms for item in same)),
             step_ms=tuple(sorted(

@@ -200,6 +200,8 @@ class RuntimeFacts:
     from that microbatch's backward to the next step's clear_runtime_states (torch before pytorch#164329,
     which drops it once handed to the send): a stage past the first holds one more per backward run
     (rules.held_input_grads). Else one at a time, the one being sent."""
+    warmup_send_held: bool = False  # 1F1B: a warm-up send's output kept through the steady phase (warmupsend.py)
+    loss_values_held: bool = False  # each microbatch's loss value kept to the step's end (lossvalues.py)
     reduces_after_last_backward: bool = False
     """Beside torch's pipelining, a stage's FSDP2 gradient reductions all run after its M-th backward,
     on the rank's compute stream's order: each group's post-backward waits for the previous group's

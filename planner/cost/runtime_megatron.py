@@ -346,6 +346,8 @@ def megatron() -> RuntimeFacts:
             "frees_sent_output": f"megatron/core/pipeline_parallel/schedules.py 171-190 (deallocate_output_tensor), {MEGATRON_V}",
             "batch_held": f"megatron/core/pipeline_parallel/schedules.py (a microbatch per forward), {MEGATRON_V}",
             "sends_held_to_step_end": f"megatron/core/pipeline_parallel/schedules.py, {MEGATRON_V}",
+            "warmup_send_held": f"its own schedules.py (no torch Schedule1F1B: a sent output is freed, frees_sent_output), {MEGATRON_V}",
+            "loss_values_held": f"its own schedules.py (each microbatch's reduced loss: not read as this fact, none charged), {MEGATRON_V}",
             "outputs_held_to_step_end": f"megatron/core/pipeline_parallel/schedules.py 328-350 (the last stage keeps "
                                         f"each microbatch's reduced loss, not its output), 171-190 (sent outputs "
                                         f"deallocated), {MEGATRON_V}",

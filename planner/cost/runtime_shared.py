@@ -22,7 +22,7 @@ MEMTRACKER = "measured: torch MemTracker on CPU, torch 2.13 (scripts/bench_loss_
 TORCH_PIPELINING = dict(
     stage_input_in_receive_buffer=True, input_receive_buffers="per-microbatch",
     output_grad_buffers_per_microbatch=True, frees_sent_output=False, batch_held="whole-batch",
-    sends_held_to_step_end=True,
+    sends_held_to_step_end=True, warmup_send_held=True, loss_values_held=True,
 )
 
 TORCH_PIPELINING_SOURCES = {
@@ -34,6 +34,14 @@ TORCH_PIPELINING_SOURCES = {
     "logits_held_in_backward": f"torch/distributed/pipelining/stage.py 961-991 (backward_one_chunk pops the stage output "
                                f"from fwd_cache and holds it to the end of the last stage's backward), {TORCH_V}",
     "sends_held_to_step_end": "measured on ckplan's runtime (torch's _PipelineScheduleRuntime waits for sends at the step end)",
+    "warmup_send_held": f"torch/distributed/pipelining/schedules.py 1062-1087, 1147 (Schedule1F1B's send_work: the warm-up's "
+                        f"last fired forward send, replaced only after the steady phase), {TORCH_V}; the send's Work keeps "
+                        "its tensor (ProcessGroupGloo.hpp 207-224 SendWork::tensor_; ProcessGroupNCCL.hpp 481-483 "
+                        "WorkNCCL::outputs_, a point-to-point's tensor, as pointToPoint sets it at pytorch 0007e752); "
+                        "measured on ckplan's runtime (framework-facts §666-§667)",
+    "loss_values_held": f"torch/distributed/pipelining/schedules.py 299-304, 318-339 (_internal_losses to the step's end); "
+                        f"torch/autograd/__init__.py 225-234 (the backward's ones_like seed), {TORCH_V}; measured on "
+                        "ckplan's runtime (framework-facts §649, §669)",
     "outputs_held_to_step_end": f"planner/runtime/worker.py 203 (schedule.step(..., return_outputs=False)); torch/distributed/pipelining/stage.py 906-908 (appended only where save_forward_output), {TORCH_V}",
 }
 

@@ -259,7 +259,7 @@ def _deepspeed_newest() -> RuntimeFacts:
             "output_grad_buffers_per_microbatch": f"deepspeed/runtime/pipe/engine.py (one gradient buffer), {_DS_V}",
             "frees_sent_output": f"deepspeed/runtime/pipe/engine.py (outputs kept to their backward), {_DS_V}",
             "batch_held": f"deepspeed/runtime/pipe/engine.py (microbatches loaded into the pipe buffers), {_DS_V}",
-            "sends_held_to_step_end": "DeepSpeed runs one stage per rank",
+            "sends_held_to_step_end": "DeepSpeed runs one stage per rank", "warmup_send_held": "its own TrainSchedule (no torch Schedule1F1B)", "loss_values_held": "its own TrainSchedule (not read: none charged)",
             "outputs_held_to_step_end": "not read beyond its pipe buffers (charged there): none charged",
             "logits_held_in_backward": f"deepspeed/runtime/pipe/engine.py (the last stage's outputs stay in its pipe "
                                        f"buffers to their backward), {_DS_V}",
@@ -347,7 +347,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "output_grad_buffers_per_microbatch": "colossalai/pipeline/schedule/one_f_one_b.py 0.5",
             "frees_sent_output": "colossalai/pipeline/schedule/one_f_one_b.py 0.5 (output_objs to the backward)",
             "batch_held": "colossalai/pipeline/schedule/one_f_one_b.py 0.5 (load_batch on every stage)",
-            "sends_held_to_step_end": "one stage per rank",
+            "sends_held_to_step_end": "one stage per rank", "warmup_send_held": "its own one_f_one_b.py schedule (no torch Schedule1F1B)", "loss_values_held": "its own one_f_one_b.py schedule (not read: none charged)",
             "outputs_held_to_step_end": "not read: none charged",
             "logits_held_in_backward": "not read: held (the stage output's 1x stays to the stage's backward's end)",
             "recompute_whole_forward": "examples/language/llama2/benchmark.py 162-163: HF gradient_checkpointing_enable "

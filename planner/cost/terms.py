@@ -23,6 +23,7 @@ from planner.cost import (
     hosttime,
     hpgrads,
     jobsettings,
+    lossvalues,
     megatron_dp,
     megatron_loss,
     nccl_sms,
@@ -30,6 +31,7 @@ from planner.cost import (
     stepcounts,
     te_delayed,
     tiedadd,
+    warmupsend,
 )
 from planner.cost import quantities as declarations
 from planner.cost.gathered import (
@@ -357,6 +359,10 @@ TERMS: tuple[Term, ...] = (
          lambda layer, stage, ctx: held_outputs_bytes(layer, stage, ctx.setup),
          "the runtime record's outputs_held_to_step_end (torch's output_chunks before pytorch#153383 or where "
          "step() returns them)"),
+    Term("an output a 1F1B warm-up send keeps past its backward", "buffers", "close",
+         lambda layer, stage, ctx: warmupsend.held_send_bytes(layer, stage, ctx.setup),
+         "the runtime record's warmup_send_held (torch 2.13.0 schedules.py 1062-1147: Schedule1F1B's send_work; "
+         "measured on the runtime, framework-facts §666-§667)"),
     Term("output sent forward", "comm", "close",
          lambda layer, stage, ctx: last_layer_comm_ms(layer, stage, ctx.setup),
          "calibrated send line (ckplan calibrate)"),
@@ -369,6 +375,10 @@ TERMS: tuple[Term, ...] = (
          stage, ctx: hosttime.timer_sync_ms(stage, ctx.profile, ctx.setup), "timers.py 130-155, 2795ebde (§275)"),
     Term("what the loss keeps", "kept", "stage",
          lambda stage, ctx: loss_kept_bytes(ctx.profile, stage, ctx.setup), "saved-tensor hooks on the loss (profiler)"),
+    Term("the loss values kept past their backward, and the backward's seed", "buffers", "stage",
+         lambda stage, ctx: lossvalues.held_values_bytes(stage, ctx.setup),
+         "the runtime record's loss_values_held (torch 2.13.0 schedules.py 299-339: _internal_losses; "
+         "autograd/__init__.py 225-234: ones_like; framework-facts §649, §669)"),
     Term("tied parameters held once where all their holders share the stage", "static", "stage",
          lambda stage, ctx: tied_once_bytes(ctx.profile, stage, ctx.setup) + stepcounts.tied_once_bytes(ctx.profile, stage, ctx.setup),
          "one nn.Parameter in one process (planner/cost/tied.py); a Qwen2.5 config counted its embedding twice"),

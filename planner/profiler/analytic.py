@@ -297,12 +297,13 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
            expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = (),
            splits: dict | None = None, scratch_terms: list[int] | None = None,
            scratch_freed_early: int = 0, last_uses: tuple[int | None, ...] | None = None,
-           points: dict | None = None, freed_last: frozenset[int] = frozenset()) -> LayerProfile:
+           points: dict | None = None, freed_last: frozenset[int] = frozenset(), incoming_grad_bytes: int = 0
+           ) -> LayerProfile:
     """`times`: forward, backward and (optional, default one forward) what checkpointing reruns,
     in ms; `selective`: the layer's options beyond none and full; a MoE block's routed-expert
     parameters (of param_count) and what its dispatch sends (a2a_bytes); `input_grad_in_transient`: the
     transient counts the input gradient its backward makes, `scratch_terms` its scratch's tensors, the first
-    `scratch_freed_early` of them freed before its input gradient (allocseq.synthesised); `splits`: none's and full's split backward (analytic_split.splits)."""
+    `scratch_freed_early` of them freed before its input gradient (allocseq.synthesised); `splits`: none's and full's split backward (analytic_split.splits); `incoming_grad_bytes`: of the transient, its output's gradient."""
     fwd_ms, bwd_ms, recompute = (*times, times[0]) if len(times) == 2 else times
     options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes, **(splits or {}).get(OPTION_NONE, {})),
                RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=recompute,
@@ -315,7 +316,8 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
         act_bytes=act_bytes,
         input_bytes=input_bytes, output_bytes=output_bytes, input_in_act_bytes=input_in_act_bytes,
         param_count=param_count, param_bytes=param_count * shape.d, transient_bytes=transient_bytes,
-        weight_grad_transient_bytes=0, expert_param_count=expert_param_count, a2a_bytes=a2a_bytes, step_ms=step_ms(param_count, gpu),
+        weight_grad_transient_bytes=0, incoming_grad_bytes=incoming_grad_bytes, expert_param_count=expert_param_count,
+        a2a_bytes=a2a_bytes, step_ms=step_ms(param_count, gpu),
     ), list(kept_terms) or [act_bytes], input_grad_in_transient=input_grad_in_transient, scratch_terms=scratch_terms,
        scratch_freed_early=scratch_freed_early, last_uses=last_uses, points=points, freed_last=freed_last)
 
@@ -331,7 +333,7 @@ def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None
     times = analytic_time.times_ms(analytic_time.embedding_work(arch, shape), gpu, mfu)
     return _layer("tok_embeddings", "embedding", times=times, act_bytes=ids + positions + mask, input_bytes=ids,
                   output_bytes=out, input_in_act_bytes=ids, param_count=embedding_params(arch, shape),
-                  transient_bytes=out, shape=shape, gpu=gpu, kept_terms=(ids, positions, mask)
+                  transient_bytes=out, incoming_grad_bytes=out, shape=shape, gpu=gpu, kept_terms=(ids, positions, mask)
                   ).model_copy(update={"lookup_param_count": embedding_params(arch, shape)})  # every table a lookup
 
 
@@ -356,7 +358,7 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   points=forward_points(block_terms(arch, shape, moe=moe)),
                   freed_last=forward_freed_last(block_terms(arch, shape, moe=moe)),
                   output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape, moe=moe),
-                  transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
+                  transient_bytes=block_transient_bytes(arch, shape, moe=moe), incoming_grad_bytes=boundary, shape=shape, gpu=gpu,
                   scratch_terms=list(scratch.terms), scratch_freed_early=scratch.freed_early,
                   selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1],
                                               none_split=split), splits=analytic_split.splits(arch, split, times[2], moe=moe),
@@ -391,6 +393,7 @@ def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> 
                   input_bytes=boundary, output_bytes=logits_bytes(arch, shape, shape.d),
                   input_in_act_bytes=boundary, param_count=head_params(arch, shape),
                   transient_bytes=logits_bytes(arch, shape, shape.d) + head_input_grad_bytes(arch, shape),
+                  incoming_grad_bytes=logits_bytes(arch, shape, shape.d),
                   input_grad_in_transient=True, shape=shape, gpu=gpu, kept_terms=(*(term.num_bytes for term in _norm_terms(arch, shape, "final")), boundary)
                   ).model_copy(update={"wgrad_accumulate_ms": analytic_time.accumulate_ms(
                       analytic_time.head_accumulate_bytes(arch, shape), gpu, mfu)})

@@ -106,7 +106,8 @@ def mtp_layers(index: int, arch, shape: Shape, gpu, mfu, *, embedding: LayerProf
                                               proj[2] + block.recompute_ms + norm[2]),
                 act_bytes=sum(kept), input_bytes=inputs, output_bytes=boundary, input_in_act_bytes=0,
                 param_count=embedding.param_count + proj_params(arch, shape) + block.param_count + final_norm,
-                transient_bytes=block.transient_bytes, shape=shape, gpu=gpu, kept_terms=kept,
+                transient_bytes=block.transient_bytes, incoming_grad_bytes=block.incoming_grad_bytes, shape=shape,
+                gpu=gpu, kept_terms=kept,
                 expert_param_count=block.expert_param_count, a2a_bytes=block.a2a_bytes)
     eh_proj = analytic_time.accumulate_ms(eh_proj_accumulate_bytes(arch, shape), gpu, mfu)
     body = body.model_copy(update={"recompute_options": recompute_options(body, block),
@@ -119,7 +120,8 @@ def mtp_layers(index: int, arch, shape: Shape, gpu, mfu, *, embedding: LayerProf
     # the shared output weight's second wgrad GEMM, accumulated as the head's first (its own eager pass, or fused)
     return [body, make(f"mtp.{index}.head", "mtp_head", times=gemm, act_bytes=boundary + loss_bytes,
                        input_bytes=boundary, output_bytes=head.output_bytes, input_in_act_bytes=boundary, param_count=0,
-                       transient_bytes=head.transient_bytes, shape=shape, gpu=gpu, kept_terms=(boundary, loss_bytes)
+                       transient_bytes=head.transient_bytes, incoming_grad_bytes=head.incoming_grad_bytes, shape=shape,
+                       gpu=gpu, kept_terms=(boundary, loss_bytes)
                        ).model_copy(update={"wgrad_accumulate_ms": head.wgrad_accumulate_ms})]
 
 

@@ -278,6 +278,7 @@ class _LayerRun:
     routing: Routing | None = None  # a mixture-of-experts layer's experts and balanced routing (fake_moe.py)
     expert_transient: int = 0  # of transient, the routed experts' weight gradients'
     weight_grad_transient: int = 0  # of transient, autograd's fresh weight gradients' (fake_wgrad.py)
+    incoming: int = 0  # of transient, the gradient of the output (transients._transient_parts)
 
 
 def _run_options(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, plain: Work,
@@ -335,15 +336,16 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                 param.grad = torch.zeros_like(param)
         has_backward = grad is not None and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
         with blame(f"layer {name!r}"), data_free(f"layer {name!r}"):
-            # measure._transient_bytes's count, and the same with the fresh weight gradients left out, in one run
-            transient, in_place = fake_wgrad.transient_in_place(layer, x, grad)
+            # measure._transient_bytes's count, the same with the fresh weight gradients left out, and how much of
+            # it is the incoming gradient, in one run
+            transient, in_place, incoming = fake_wgrad.transient_parts(layer, x, grad)
             fwd, bwd, recompute = _layer_work(layer, x, grad)
             linears.append(float8.module_linears(layer, x, name) if has_backward else [])
             runs.append(_LayerRun(fwd, bwd, recompute, transient, has_backward,
                                   *_run_options(layer, x, grad, fwd + bwd, has_backward),
                                   fake_moe.fake_routing(layer, x),
                                   fake_moe.expert_transient_bytes(layer, x, grad, transient),
-                                  transient - in_place))
+                                  transient - in_place, incoming))
             records.append(allocseq.layer_records(layer, x, grad, list(runs[-1].option_transients)))
         layer.zero_grad(set_to_none=True)
     linear_calls = [float8.converted(calls) for calls in linears]
@@ -372,6 +374,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0), transient_bytes=transient,
             weight_grad_transient_bytes=run.weight_grad_transient,
+            incoming_grad_bytes=run.incoming,
             lookup_param_count=lookup_param_count(layer), buffer_bytes=buffer_bytes(layer),
             step_ms=analytic.step_ms(count, gpu), **_routing_fields(run),
             recompute_options=[

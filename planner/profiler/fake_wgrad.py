@@ -47,6 +47,13 @@ def transient_in_place(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | N
     """(the layer's transient as measure._transient_bytes counts it, the same with every weight gradient autograd
     hands a parameter's AccumulateGrad left out: as if accumulated in place). Each parameter needs its `.grad`
     made before, as fake.py makes it."""
+    transient, in_place, _incoming = transient_parts(layer, x, grad)
+    return transient, in_place
+
+
+def transient_parts(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None) -> tuple[int, int, int]:
+    """transient_in_place's two figures and, from the same run, how much of the transient is the incoming
+    gradient (transients._transient_parts' second figure: LayerProfile.incoming_grad_bytes)."""
     fresh: set[int] = set()  # the creation indices of the gradients autograd handed an AccumulateGrad
     memory = _Logged()
 
@@ -79,5 +86,6 @@ def transient_in_place(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | N
             live += change
             peak = max(peak, live)
     in_place = peak - kept + incoming
-    return max(0, fwd_extra, bwd_extra), max(0, fwd_extra, in_place)
+    transient = max(0, fwd_extra, bwd_extra)
+    return transient, max(0, fwd_extra, in_place), transient - max(0, fwd_extra, bwd_extra - incoming)
 

@@ -43,6 +43,12 @@ from planner.profiler.splitbackward import SplitTimeJob, split_per_option, split
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
 from planner.profiler.threads import at_fewer_threads
 from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_interleaved
+from planner.profiler.transients import (  # noqa: F401  (the fake profiler reads them from here)
+    _backward,
+    _loss_transient_bytes,
+    _transient_bytes,
+    _transient_parts,
+)
 from planner.profiler.userfault import blame
 from planner.runtime.routing import Routing, find_experts, layer_routing
 from planner.schema import (
@@ -247,6 +253,7 @@ class _TimedLayer:
     grad: torch.Tensor | None = None  # the fixed gradient of the output every backward runs from
     # figures measured wrong (a busy machine) replaced by the kind's median: fwd_ms, bwd_ms, recompute_ms
     fixed: dict[str, float] = field(default_factory=dict)
+    incoming_grad_bytes: int = 0  # of transient_bytes, the incoming gradient (_transient_parts)
 
     @classmethod
     def prepare(cls, name: str, layer: nn.Module, x: torch.Tensor, output: torch.Tensor) -> _TimedLayer:
@@ -259,7 +266,7 @@ class _TimedLayer:
             x.grad = None
 
         reset_input_grad()
-        transient = _transient_bytes(layer, x, grad)
+        transient, incoming = _transient_parts(layer, x, grad)
         expert_transient = _expert_transient_bytes(layer, x, grad, transient)
         reset_input_grad()
         has_backward = grad is not None and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
@@ -274,7 +281,8 @@ class _TimedLayer:
             reset_input_grad()
         return cls(name, layer, x, output, transient, job, has_backward, option_transients=found,
                    option_failures=failed, expert_transient_bytes=expert_transient, grad=grad,
-                   split=split_per_option(layer, x, grad, [OPTION_NONE, OPTION_FULL, *found]))
+                   split=split_per_option(layer, x, grad, [OPTION_NONE, OPTION_FULL, *found]),
+                   incoming_grad_bytes=incoming)
 
     def failed_options(self, kind: str) -> list[str]:
         return [f"recompute option {name!r} fails on the {kind} layers ({self.name}: {why}); the profile leaves it out"
@@ -342,6 +350,7 @@ class _TimedLayer:
             expert_transient_bytes=self.expert_transient_bytes,
             expert_act_bytes=routing.expert_act_bytes if routing else 0,
             transient_bytes=self.transient_bytes,
+            incoming_grad_bytes=self.incoming_grad_bytes,
             step_ms=self.step_ms,
             step_thread_ms=self.step_thread_ms,
             recompute_options=options.recompute_options(
@@ -417,49 +426,6 @@ def _fixed_grad(output: torch.Tensor) -> torch.Tensor | None:
         return None
     generator = torch.Generator(device=output.device).manual_seed(0)
     return torch.randn(output.shape, generator=generator, device=output.device, dtype=output.dtype)
-
-
-def _backward(output: torch.Tensor, grad: torch.Tensor | None) -> bool:
-    """Backward through the layer if anything in it needs a gradient; whether it ran."""
-    if grad is None or not output.requires_grad:
-        return False
-    torch.autograd.backward(output, grad)
-    return True
-
-
-def _transient_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, *,
-                     tracker=memory_tracker) -> int:
-    """Extra peak beyond what the layer keeps: the forward's peak over what is live at
-    its end (saved tensors and output), and the backward's peak over that plus the
-    incoming gradient, which is live throughout the layer's backward. `tracker(device)`:
-    how memory is followed (the fake profiler's storages, whatever the device)."""
-    with tracker(x.device) as memory:
-        output = layer(x)
-        kept_bytes = memory.live_bytes
-        fwd_extra = memory.peak_bytes - kept_bytes
-        memory.reset_peak()
-        ran = _backward(output, grad)
-        bwd_extra = memory.peak_bytes - kept_bytes + (storage_nbytes(grad) if ran else 0)
-        del output
-    return max(0, fwd_extra, bwd_extra)
-
-
-def _loss_transient_bytes(loss_fn: LossFn, output: torch.Tensor, targets: torch.Tensor, *,
-                          tracker=memory_tracker) -> int:
-    """Extra peak during the loss's forward and backward beyond what it keeps: e.g. the
-    gradient of the log-softmax and of the logits during cross-entropy's backward."""
-    leaf = output.detach().requires_grad_(output.is_floating_point())
-    with tracker(output.device) as memory:
-        value = loss_fn(leaf, targets)
-        kept_bytes = memory.live_bytes
-        fwd_extra = memory.peak_bytes - kept_bytes
-        memory.reset_peak()
-        if value.requires_grad:
-            value.backward()
-        bwd_extra = memory.peak_bytes - kept_bytes
-        del value
-        leaf.grad = None
-    return max(0, fwd_extra, bwd_extra)
 
 
 def _loss_ms(loss_fn: LossFn, output: torch.Tensor, targets: torch.Tensor, *, warmup: int, repeats: int) -> float:

@@ -306,6 +306,12 @@ class LayerProfile(Strict):
     # keeps a step count per tensor, on the CPU (planner/cost/stepcounts.py)
     param_tensors: Count = 0
     transient_bytes: Bytes  # extra peak during this layer's forward or backward beyond what is kept
+    # of transient_bytes, the bytes that are the gradient of its output its backward runs on: the transient less
+    # the transient without that gradient (measure._transient_parts; an analytic block's boundary_bytes, its
+    # transient being its backward's). On a pipeline stage before the last, that gradient is the stage's receive
+    # buffer, charged apart (rules.last_layer_buffer_bytes): the cost model takes it off the closing layer's
+    # transient there (planner/cost/boundgrad.py). 0 in profiles made before: charged twice there, as before
+    incoming_grad_bytes: Bytes = 0
     # optimizer step over this layer's parameters, once per iteration, per optimizer name (ms: measured
     # profiles, each optimizer's fastest of its rounds, measure.fastest_turns_ms); empty in profiles made
     # before it was measured: the step then costs 0
@@ -376,6 +382,9 @@ class LayerProfile(Strict):
             raise ValueError(f"layer {self.name}: recompute options repeat a name")
         if names and names[:2] != [OPTION_NONE, OPTION_FULL]:
             raise ValueError(f"layer {self.name}: recompute options must begin with none and full")
+        if self.incoming_grad_bytes > self.transient_bytes:
+            raise ValueError(f"layer {self.name}: incoming_grad_bytes {self.incoming_grad_bytes:,} is more than its "
+                             f"transient_bytes {self.transient_bytes:,}")
         if names and (self.recompute_options[0].kept_bytes != self.act_bytes
                       or self.recompute_options[1].kept_bytes != self.input_bytes):
             raise ValueError(f"layer {self.name}: options none and full must keep act_bytes and input_bytes")

@@ -17,7 +17,7 @@ from functools import cached_property
 
 import numpy as np
 
-from planner.cost import costmodel, gradtiming, megatron_fsdp_moments
+from planner.cost import boundgrad, costmodel, gradtiming, megatron_fsdp_moments
 from planner.schema import PipelineSetup, Profile, TrainSetup
 from planner.solve import dpmoments
 from planner.solve.deadline import Deadline
@@ -146,6 +146,29 @@ class Chain:
                 return megatron_fsdp_moments.output_extra(layer, extra, kept, out_params, ctx)
         return (extra_of(0, self.raw_extra[m], self.kept_plain[m]),
                 [(o, ms, kept, extra_of(o, extra, kept)) for o, ms, kept, extra in self.raw_alternatives[m]])
+
+    @cached_property
+    def _closing(self) -> list[tuple[float, list[tuple]] | None]:
+        """Per layer, its (extra under none, alternatives) where it closes a stage before the last, its incoming
+        gradient being that stage's receive buffer (boundgrad.closing_grad_bytes: the same on every such stage),
+        before the moments as evaluate takes it off; None where nothing comes off."""
+        if not boundgrad.applies(self.setup):
+            return [None] * len(self.layers)
+        out = []
+        for m, layer in enumerate(self.layers):
+            def less(o, extra, layer=layer):
+                return extra - boundgrad.closing_grad_bytes(layer, o, stage=0, profile=self.profile, setup=self.setup)
+            plain = less(0, self.raw_extra[m])
+            alternatives = [(o, ms, kept, self._extra(m, o, less(o, extra), kept))
+                            for o, ms, kept, extra in self.raw_alternatives[m]]
+            same = plain == self.raw_extra[m] and all(
+                a[3] == b[3] for a, b in zip(alternatives, self.alternatives[m]))
+            out.append(None if same else (self._extra(m, 0, plain, self.kept_plain[m]), alternatives))
+        return out
+
+    def closing_options(self, m: int) -> tuple[float, list[tuple]] | None:
+        """Layer m's (extra under none, alternatives) where it closes a stage before the last (_closing)."""
+        return self._closing[m]
 
     def _edge(self, quantities, where: str, layer: int, s: int) -> float:
         """Memoised: the segments ask for the same edges for every range."""
@@ -300,7 +323,9 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
         if fsdp is not None:  # a stage's transient may be as low as its floor (its shards absent)
             floor += fsdp.floor(i, j, stages)
         grown = []
+        closes = chain.closing_options(m) if fsdp is None else None
         for members, states in groups:
+            before = states
             if fsdp is not None:
                 needed = fsdp.needed(members)
                 states = fsdp.grow(states, m, i, (m - i) * chain.bits, budget, last_stage=members == [last],
@@ -308,9 +333,11 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
             else:
                 options = chain.tail_options(m, i) if tail and members == [last] else None
                 states = _grow(states, chain, m, (m - i) * chain.bits, budget, options)
-            states = [st for st in states
-                      if floor + first_held + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept)
-                      <= cap_high + 1]
+            def fitting(found, floor=floor):  # static and kept only grow: drop the sets no later end can fit
+                return [st for st in found
+                        if floor + first_held + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept)
+                        <= cap_high + 1]
+            states = fitting(states)
             if not states:
                 continue
             # for the least peak, recompute time plays no part: a front over (kept, extra) alone
@@ -320,12 +347,22 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
                 states = front(states if timed else [(0.0, *st[1:]) for st in states])
             grown.append((members, states))
             columns = None if fsdp is not None else _columns(states)
+            # closing a stage before the last: layer m's extras less its incoming gradient, grown from the sets
+            # before it (the carried max cannot give max(prev - kept_m, e_m - r)): an exact front of their own
+            ends = None
+            if closes is not None and any(s != last and windows[s][0] <= j <= windows[s][1] for s in members):
+                ends = fitting(_grow(before, chain, m, (m - i) * chain.bits, budget, closes))
+                ends = front(ends if timed else [(0.0, *st[1:]) for st in ends])
+                ends = (ends, _columns(ends))
             for s in members:
                 if windows[s][0] <= j <= windows[s][1]:
                     kept, edge_held = (a + b for a, b in zip(opening[s], closing[s][j]))
                     sums = (plain + chain.edge_comm_ms(s, i, j), held, step, run.step_scratch_bytes)
                     edge = (kept, edge_held, chain.end_bytes(s, i, j), late_grad)
-                    stage, scored, cols = chain.stages[s], states, columns
+                    scored, cols = ends if ends is not None and s != last else (states, columns)
+                    stage = chain.stages[s]
+                    if not scored:
+                        continue
                     if fsdp is not None:  # each set's extra on this stage, from its classes
                         scored, stage = fsdp.scored(states, s, i, j, kept, stage)
                         cols = _columns(scored)

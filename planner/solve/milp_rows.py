@@ -9,7 +9,7 @@ from typing import Literal
 
 import pulp
 
-from planner.cost import costmodel, dataparallel, gradtiming, megatron_fsdp_moments
+from planner.cost import boundgrad, costmodel, dataparallel, gradtiming, megatron_fsdp_moments
 from planner.cost.costmodel import LayerCost
 from planner.schema import Profile, TrainSetup
 from planner.solve import milp_moments
@@ -81,6 +81,62 @@ def _extra(problem: Problem, layer: LayerCost, option: int = 0) -> float:
     return megatron_fsdp_moments.unit_extra(layer, option, extra, kept, held, problem.ctx)
 
 
+def _closing_extra(problem: Problem, layer: LayerCost, option: int, s: int) -> float:
+    """_extra where the layer closes stage s: less its incoming gradient before the last stage, that stage's receive
+    buffer (boundgrad.closing_grad_bytes), before the moments as evaluate takes it off."""
+    extra, held = _layer(problem, ("extra",), layer, option), problem.moments()
+    extra -= boundgrad.closing_grad_bytes(layer, option, stage=s, profile=problem.profile, setup=problem.setup)
+    if not held:
+        return extra
+    kept = _layer(problem, ("kept",), layer, option)
+    return megatron_fsdp_moments.unit_extra(layer, option, extra, kept, held, problem.ctx)
+
+
+def _closing_rows(problem: Problem, s: int, g: int, n, closes, scratch, later: dict, used: dict) -> dict:
+    """Where stage s (before the last) may close in run g and its last layer's extra then comes down
+    (_closing_extra): per option o (0: none), what comes off the row of the run's last layer under o, d_o·z_o with
+    z_o ≤ closes(s,g), z_o ≤ [o's layers present] and z_o ≤ 1 - [p's present] for every option p after o in the
+    run's order (none last): o is then the stage's last layer's option (`used`: the options' presence binaries, 1
+    where their count is positive; the solver wants each z high, so presence forced only upwards is exact); "none":
+    none's presence, for its row. And [Constraint] the run's second-to-last layer in the stage, whose extra then may be
+    the larger: T_s ≥ (e_o - kept_o)·v_o - K[s,g+1], v_o ≥ w_o + [o's layers ≥ 2] - 1 (_last_option's w_o: o the
+    last option), only where o keeps less than comes off (else the last layer's own row is the larger). {} where
+    nothing comes off: the rows as before."""
+    if s >= problem.setup.pipeline.stages - 1 or not boundgrad.applies(problem.setup):
+        return {}
+    run = problem.runs[g]
+    sequence = [*problem.order[g], 0]
+    down = {o: _extra(problem, run.layer, o) - _closing_extra(problem, run.layer, o, s) for o in sequence}
+    if not any(value > 0 for value in down.values()):
+        return {}
+    lp = problem.lp
+    plain = n(s, g) - pulp.lpSum(problem.r[s, g, p] for p in problem.order[g])
+    present = {**used, 0: _presence(problem, f"qc_{s}_{g}", plain, run.size)}
+    ends, last = closes(s, g), None
+    cuts = {"none": present[0]}
+    for place, o in enumerate(sequence):
+        if down[o] <= 0:
+            continue
+        z = pulp.LpVariable(f"zc_{s}_{g}_{o}", lowBound=0, upBound=1)
+        lp += z <= ends, f"closing_ends_{s}_{g}_{o}"
+        lp += z <= present[o], f"closing_used_{s}_{g}_{o}"
+        for p in sequence[place + 1:]:
+            lp += z <= 1 - present[p], f"closing_after_{s}_{g}_{o}_{p}"
+        cuts[o] = down[o] / MIB * z
+        kept = _layer(problem, ("kept",), run.layer, o)
+        before = _extra(problem, run.layer, o) - kept
+        if run.size == 1 or before <= 0 or kept >= down[o]:
+            continue
+        last = last or _last_option(problem, s, g, n)
+        count = problem.r[s, g, o] if o else plain
+        several = pulp.LpVariable(f"tc_{s}_{g}_{o}", cat="Binary")
+        lp += count <= 1 + (run.size - 1) * several, f"closing_several_{s}_{g}_{o}"
+        v = pulp.LpVariable(f"vc_{s}_{g}_{o}", lowBound=0)
+        lp += v >= last[o] + several - 1, f"closing_pair_{s}_{g}_{o}"
+        lp += scratch >= before / MIB * v - later[g + 1], f"closing_before_{s}_{g}_{o}"
+    return cuts
+
+
 def _edge(problem: Problem, quantities, where: str, layer: LayerCost, s: int) -> float:
     return sum(costmodel.edge_value(q, where, layer, s, problem.ctx) for q in quantities)
 
@@ -150,19 +206,22 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
         present = None
         if extra > 0 or step_bytes > 0:
             present = _presence(problem, f"p_{s}_{g}", n(s, g), run.size)
+        order = problem.order[g]
+        used = {} if fsdp else {o: _presence(problem, f"q_{s}_{g}_{o}", problem.r[s, g, o], run.size) for o in order}
+        cuts = {} if fsdp else _closing_rows(problem, s, g, n, closes, scratch, later, used)
         if extra > 0 and not fsdp:
             # [Constraint] T_s ≥ the extra of the run's last layer in the stage minus what
-            # the runs after it keep (its earlier layers have more after them)
-            lp += scratch >= extra / MIB * present - later[g + 1], f"transient_{s}_{g}"
-        order = problem.order[g]
+            # the runs after it keep (its earlier layers have more after them); where it may close the stage
+            # (_closing_rows), its none layers' last, less what comes off it
+            on = cuts["none"] if cuts else present
+            lp += scratch >= extra / MIB * on - cuts.get(0, 0) - later[g + 1], f"transient_{s}_{g}"
         for place, o in enumerate(order if not fsdp else ()):
-            used = _presence(problem, f"q_{s}_{g}_{o}", problem.r[s, g, o], run.size)
             # [Constraint] T_s ≥ the extra of the run's last layer under option o (the run's
             # layers take the options in problem.order, none last) minus what the layers after it keep
             after = (pulp.lpSum(problem.r[s, g, p] * _layer(problem, ("kept",), layer, p) for p in order[place + 1:])
                      + (n(s, g) - pulp.lpSum(problem.r[s, g, p] for p in order)) * _layer(problem, ("kept",), layer)
                      ) / MIB + later[g + 1]
-            lp += scratch >= _extra(problem, layer, o) / MIB * used - after, f"recompute_{s}_{g}_{o}"
+            lp += scratch >= _extra(problem, layer, o) / MIB * used[o] - cuts.get(o, 0) - after, f"recompute_{s}_{g}_{o}"
         total += [_edge(problem, ("kept",), "open", layer, s) / MIB * opens(s, g),
                   _edge(problem, ("kept",), "close", layer, s) / MIB * closes(s, g)]
         held += [_edge(problem, _held(), "open", layer, s) / MIB * opens(s, g),

@@ -1,0 +1,63 @@
+"""A layer's and the loss's transient bytes: the extra peak of a forward and backward beyond what they keep, followed
+by a memory tracker (the device's allocator, or the fake profiler's storages), and how much of a layer's is the
+gradient of its output (LayerProfile.incoming_grad_bytes)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from planner.profiler.saved import LossFn
+from planner.profiler.storages import memory_tracker, storage_nbytes
+
+
+def _backward(output: torch.Tensor, grad: torch.Tensor | None) -> bool:
+    """Backward through the layer if anything in it needs a gradient; whether it ran."""
+    if grad is None or not output.requires_grad:
+        return False
+    torch.autograd.backward(output, grad)
+    return True
+
+
+def _transient_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, *,
+                     tracker=memory_tracker) -> int:
+    """Extra peak beyond what the layer keeps (_transient_parts' first)."""
+    return _transient_parts(layer, x, grad, tracker=tracker)[0]
+
+
+def _transient_parts(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, *,
+                     tracker=memory_tracker) -> tuple[int, int]:
+    """(transient, incoming): the extra peak beyond what the layer keeps, the forward's peak over what is live at
+    its end (saved tensors and output) or the backward's over that plus the incoming gradient, which is live
+    throughout the layer's backward; and how much of it that gradient is, the transient less the transient
+    without it (0 where the forward sets it): LayerProfile.incoming_grad_bytes. `tracker(device)`: how memory is
+    followed (the fake profiler's storages, whatever the device)."""
+    with tracker(x.device) as memory:
+        output = layer(x)
+        kept_bytes = memory.live_bytes
+        fwd_extra = memory.peak_bytes - kept_bytes
+        memory.reset_peak()
+        ran = _backward(output, grad)
+        incoming = storage_nbytes(grad) if ran else 0
+        bwd_extra = memory.peak_bytes - kept_bytes + incoming
+        del output
+    transient = max(0, fwd_extra, bwd_extra)
+    return transient, transient - max(0, fwd_extra, bwd_extra - incoming)
+
+
+def _loss_transient_bytes(loss_fn: LossFn, output: torch.Tensor, targets: torch.Tensor, *,
+                          tracker=memory_tracker) -> int:
+    """Extra peak during the loss's forward and backward beyond what it keeps: e.g. the
+    gradient of the log-softmax and of the logits during cross-entropy's backward."""
+    leaf = output.detach().requires_grad_(output.is_floating_point())
+    with tracker(output.device) as memory:
+        value = loss_fn(leaf, targets)
+        kept_bytes = memory.live_bytes
+        fwd_extra = memory.peak_bytes - kept_bytes
+        memory.reset_peak()
+        if value.requires_grad:
+            value.backward()
+        bwd_extra = memory.peak_bytes - kept_bytes
+        del value
+        leaf.grad = None
+    return max(0, fwd_extra, bwd_extra)
