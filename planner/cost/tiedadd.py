@@ -4,7 +4,7 @@
 On one stage the holders share one nn.Parameter: the head's weight gradient and the embedding's meet at its one
 AccumulateGrad, and autograd's InputBuffer adds them (read 2, write 1 of the table), every microbatch, under every
 runtime. The profile's `sum_ms` (TiedSet) is that add: measured (measure.tied_sets) or its roofline
-(analytic.tied_sum_ms). Where the cost model charges the later holder's .grad accumulation, as the profile's backward
+(analytic_tied.tied_sum_ms). Where the cost model charges the later holder's .grad accumulation, as the profile's backward
 times it, that charge is this add's: the same bytes, one accumulation fewer than two untied tables run (§249). Where
 it takes that accumulation off because the runtime never runs it, the add is charged here:
 

@@ -55,6 +55,7 @@ from planner.models.archs import GPU
 from planner.profiler import (
     allocseq,
     analytic,
+    analytic_tied,
     fake_moe,
     fake_same,
     fake_wgrad,
@@ -403,7 +404,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             value = loss_fn(layer_outputs[-1], targets)
             loss_value_bytes = counted_bytes(value.numel() * value.element_size(), value.device)
     tied = [TiedSet(layers=item.layers, param_count=item.param_count, param_bytes=item.param_bytes,
-                    sum_ms=analytic.tied_sum_ms(item.param_bytes, gpu))
+                    sum_ms=analytic_tied.tied_sum_ms(item.param_bytes, gpu))
             for item in tied_params(layers)]
     flops["loss"] = {"forward": loss_work.flops}
     return measure.Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes + loss_value_bytes,

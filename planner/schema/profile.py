@@ -413,7 +413,7 @@ class TiedSet(Strict):
     param_count: int = Field(ge=0)
     param_bytes: Bytes
     # the two uses' gradients added, as autograd's InputBuffer does where one stage holds both: measured
-    # (measure.tied_sets) or its roofline (analytic.tied_sum_ms); read on one stage (cost/tiedadd.py). Across
+    # (measure.tied_sets) or its roofline (analytic_tied.tied_sum_ms); read on one stage (cost/tiedadd.py). Across
     # stages the cost model charges the all-reduce between the holders from bytes over their link (rules.tied_sum_ms).
     sum_ms: Ms = 0.0
 
