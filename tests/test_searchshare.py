@@ -110,6 +110,36 @@ def test_the_dp_reads_the_deadline_within_one_stages_range(monkeypatch):
     assert 0 < len(grown) < layers
 
 
+
+def test_a_milp_the_deadline_stops_says_so_and_is_solved_again():
+    """A chunked configuration's MILP stopped at its share by the deadline hands back HiGHS's incumbent: it says it
+    timed out (so the queue defers it and solves it again) wherever it is slower than the configuration's own
+    answer; it was ranked as final, and a slow host chose which configurations lost their best plan that way. The
+    deadline expires at each of its reads in turn (a clock of 0, then 1e9), as a share would on any host."""
+    from planner.solve import bounds as bounds_mod
+    from planner.solve.searchoutcome import Candidate
+
+    profile = profile_for(MINI)(1, False, 1)
+    degrees = Degrees(tp=1, sp=False, pp=2, dp=4, micro_batch_size=1, microbatches=4, schedule="interleaved-1F1B",
+                      chunks=2, zero=0)
+    setup = jobsearch.job_setup(profile, degrees, OPTIONS)
+    candidate = Candidate(degrees, setup, profile, bounds_mod.setup_bounds(profile, setup, bounds_mod.kinds(profile)))
+    answer = jobsearch.solve_one(candidate, upper_bound_ms=None, deadline=Deadline(None)).iteration_ms
+    incumbents = []
+    for reads_before in range(2, 100):
+        reads = [0]
+
+        def clock(reads=reads, reads_before=reads_before) -> float:
+            reads[0] += 1
+            return 0.0 if reads[0] <= reads_before else 1e9
+
+        found = jobsearch.solve_one(candidate, upper_bound_ms=None, deadline=Deadline(1.0, clock=clock))
+        if reads[0] <= reads_before:  # finished before the deadline passed: every later clock the same
+            break
+        if not isinstance(found, NoFit) and found.iteration_ms > answer + 1e-9:
+            incumbents.append((reads_before, found.solve.timed_out))
+    assert incumbents and all(timed_out for _, timed_out in incumbents), incumbents
+
 def test_the_command_says_the_solves_stopped_at_their_share(tmp_path, monkeypatch):
     """The first solve the command begins while it enumerates is stopped at its share (the real clock's seconds
     spent, under 1000 s): the text and the JSON say it, and the counts still add up."""

@@ -276,8 +276,10 @@ def _plan_milp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_g
                           "milp", status=result.status)
     if result.status == "infeasible":
         return NoFit(result.status, deadline.elapsed_s(), "milp")
+    # HiGHS's "feasible" once the deadline has passed is its incumbent at the time limit, not its answer: a search
+    # that gave this solve a share of its time solves it again (searchqueue.py), never ranks the incumbent as final
     result = SolveResult(result.status, result.objective, result.gap, deadline.elapsed_s(), solver="milp",
-                         bound=result.bound)
+                         bound=result.bound, timed_out=result.status == "feasible" and deadline.expired())
     if setup.pipeline.chunks > 1:
         return _checked_chunked(milp.extract_plan(problem), profile, setup, result, start, mip_gap=mip_gap)
     return _checked(milp.extract_plan(problem), profile, setup, result)
@@ -313,7 +315,7 @@ def _checked_chunked(ranks: list[StagePlan], profile: Profile, setup: TrainSetup
         start_cost = costmodel.evaluate(start, profile, setup)
         if in_rows(start_cost) and start_cost.iteration_ms < cost.iteration_ms:
             ranks, cost = start, start_cost
-    solve = SolveResult("feasible", cost.iteration_ms, None, result.wall_s, solver="milp")
+    solve = SolveResult("feasible", cost.iteration_ms, None, result.wall_s, solver="milp", timed_out=result.timed_out)
     return PlanResult(stages=costmodel.with_predictions(ranks, cost), cost=cost, solve=solve)
 
 
