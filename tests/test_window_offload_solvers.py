@@ -177,3 +177,20 @@ def test_a_window_beside_a_per_layer_plan_over_the_caps_is_a_plan_without_a_boun
     assert out is not found and out.cost.feasible and _offloaded(out.stages)
     assert (out.solve.status, out.solve.solver, out.solve.bound, out.solve.gap) == ("feasible", "dp", None, None)
     assert out.cost.iteration_ms == pytest.approx(costmodel.evaluate(out.stages, profile, setup).iteration_ms)
+
+
+def test_a_window_the_deadline_stops_before_it_is_weighed_says_so(tmp_path):
+    """with_window stopped by the deadline before it weighs TE's window: the per-layer plan it hands back is not
+    the setup's answer (the window is faster), so it says it timed out, and a search's queue solves it again.
+    Before, it came back as the DP's "optimal": B4's tp1 pp1 dp512 ZeRO 3 cp2 configuration, stopped at its share
+    two clock reads before its end, ranked 14,317.632 ms where its answer is 11,700.070 (§45.membound2)."""
+    profile, setup = _tiny_megatron(tmp_path)
+    setup = setup.model_copy(update={"training": setup.training.model_copy(update={"runtime_version": "92c8482e"})})
+    setup = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"fragmentation": 0.15})})
+    per_layer = _solve(profile, setup, "dp")
+    answer = dpwindow.with_window(profile, setup, per_layer, Deadline(None), None, None)
+    assert answer.cost.iteration_ms < per_layer.cost.iteration_ms and not per_layer.solve.timed_out
+    stopped = dpwindow.with_window(profile, setup, per_layer, Deadline(0.0), None, None)
+    assert stopped.stages == per_layer.stages and stopped.solve.timed_out
+    none = search.NoFit("infeasible", 0.0, "dp")  # no per-layer plan fits: the window, not weighed, may
+    assert dpwindow.with_window(profile, setup, none, Deadline(0.0), None, None).status == "timeout"

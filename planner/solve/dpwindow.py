@@ -18,6 +18,7 @@ which this sum does not repeat)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from planner.cost import costmodel, pipereduce, reserve, te_offload
@@ -164,8 +165,10 @@ def with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit, 
         update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})})
     try:
         window = admitted_window(profile, setup, rows=rows, faster_than_ms=bar, deadline=deadline)
-    except Expired:
-        return found
+    except Expired:  # the window not weighed: the solvers' plan (or none) is not the setup's answer, and says so
+        if isinstance(found, NoFit):
+            return NoFit("timeout", deadline.elapsed_s(), found.solver)
+        return PlanResult(found.stages, found.cost, dataclasses.replace(found.solve, timed_out=True))
     if window is None:
         return found
     stages, objective_ms, cost = window
