@@ -192,5 +192,6 @@ def test_a_window_the_deadline_stops_before_it_is_weighed_says_so(tmp_path):
     assert answer.cost.iteration_ms < per_layer.cost.iteration_ms and not per_layer.solve.timed_out
     stopped = dpwindow.with_window(profile, setup, per_layer, Deadline(0.0), None, None)
     assert stopped.stages == per_layer.stages and stopped.solve.timed_out
+    assert (stopped.solve.status, stopped.solve.bound) == ("feasible", None)  # its bound is the per-layer plans'
     none = search.NoFit("infeasible", 0.0, "dp")  # no per-layer plan fits: the window, not weighed, may
     assert dpwindow.with_window(profile, setup, none, Deadline(0.0), None, None).status == "timeout"

@@ -168,7 +168,9 @@ def with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit, 
     except Expired:  # the window not weighed: the solvers' plan (or none) is not the setup's answer, and says so
         if isinstance(found, NoFit):
             return NoFit("timeout", deadline.elapsed_s(), found.solver)
-        return PlanResult(found.stages, found.cost, dataclasses.replace(found.solve, timed_out=True))
+        # the DP's bound holds for per-layer plans only: none is proven over the window's
+        stopped = dataclasses.replace(found.solve, status="feasible", bound=None, gap=None, timed_out=True)
+        return PlanResult(found.stages, found.cost, stopped)
     if window is None:
         return found
     stages, objective_ms, cost = window
