@@ -166,3 +166,26 @@ def test_the_command_says_the_solves_stopped_at_their_share(tmp_path, monkeypatc
     said = " ".join(run(*args, "--out", tmp_path / "b.yaml").output.split())
     assert ("1 solve stopped at the solves' share of the time while the enumeration ran, the configuration waiting "
             "for its end;") in said
+
+
+def test_a_plan_the_searchs_own_deadline_stopped_leaves_the_search_incomplete(monkeypatch):
+    """The last solve the search's deadline stops with a plan so far: ranked (it is a plan that fits) and counted
+    cut short, and the search does not call itself complete though nothing is left in line (review63's drain)."""
+    import dataclasses
+
+    inner, now, calls = profile_for(MINI), [0.0], [0]
+    real = jobsearch.solve_one
+
+    def solve(candidate, *, deadline, **keywords):
+        calls[0] += 1
+        found = real(candidate, deadline=deadline, **keywords)
+        if calls[0] == 3:  # the deadline passes during this solve, which hands back its plan so far
+            now[0] = LIMIT_S + 1
+            found = dataclasses.replace(found, solve=dataclasses.replace(found.solve, timed_out=True))
+        return found
+
+    monkeypatch.setattr(jobsearch, "solve_one", solve)
+    outcome = jobsearch.search_job(JOB, OPTIONS, inner, top=3, deadline=Deadline(LIMIT_S, clock=lambda: now[0]))
+    assert calls[0] == 3 and not outcome.unsolved
+    assert outcome.cut_short == 1 and any(s.solve.timed_out for s in outcome.ranked)
+    assert not outcome.complete

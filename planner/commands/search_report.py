@@ -212,7 +212,7 @@ class Report:
                        "unexplored": o.unexplored, "not_solved": len(o.unsolved), "solved_early": o.solved_early,
                        "deferred": o.deferred,
                        "best_unsolved_bound_ms": best_unsolved_ms(o),
-                       "complete": o.complete,
+                       "complete": o.complete, "cut_short": o.cut_short,
                        "wall_s": o.wall_s},
             "ranked": ranked, "compared": [one(row) for row in self.others]}, indent=2)
 
@@ -252,7 +252,9 @@ def _left(o) -> str:
                "found")
     else:
         gap = f", the best of them bounded at {format_ms(bound)}"
-    return f"{unexplored}{len(o.unsolved)} passing the memory bound not solved{gap}"
+    cut = (f"; {o.cut_short} solve{'s' if o.cut_short != 1 else ''} stopped by it, {'their' if o.cut_short != 1 else 'its'} "
+           "plan so far ranked" if o.cut_short else "")
+    return f"{unexplored}{len(o.unsolved)} passing the memory bound not solved{gap}{cut}"
 
 
 def best_unsolved_ms(o) -> float | None:

@@ -56,6 +56,7 @@ class Outcome:
     unexplored: int = 0  # configurations not enumerated: the deadline passed while their profiles were built
     solved_early: int = 0  # of `solved`, those solved while the enumeration still ran (under a limit, in bound order)
     deferred: int = 0  # solves stopped at their share of the time while the enumeration ran: back in line after it
+    cut_short: int = 0  # of `solved`, those the search's own deadline stopped: their plan so far ranked, not proven
     wall_s: float = 0.0
     nearest: Candidate | None = None  # the configuration nearest to fitting by the memory bound
     unsolved: list[Candidate] = field(default_factory=list)  # bounded below the bar, not solved before the deadline

@@ -130,6 +130,9 @@ class Queue:
         if isinstance(found, NoFit):  # the search's deadline, before any plan: not solved
             heapq.heappush(self.heap, entry)
             return False
+        if stopped:  # the search's deadline, with a plan so far: ranked, but the search did not finish it
+            outcome.cut_short += 1
+            outcome.complete = False
         _rank(outcome, found, self.top)
         return True
 
