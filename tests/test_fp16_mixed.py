@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from export_plans import write
 
 from planner.cli import cli
-from planner.cost import bridgeterms, dataparallel, runtimes
+from planner.cost import bridgeterms, dataparallel, runnable, runtimes
 from planner.errors import UserError
 from planner.models.configs import megatron, torchtitan
 from planner.schema import TrainSetup
@@ -59,6 +59,14 @@ def test_megatron_fp16_reads_the_scalers_pass_and_all_reduces_its_flag():
     assert (bf16.step_whole_bytes, fp16.step_whole_bytes) == (4 + 4, 2 + 2)
     assert [what for what, *_ in fp16.step_collectives if what not in {w for w, *_ in bf16.step_collectives}] == [
         "loss scaler's found-inf"]
+
+
+def test_deepspeed_without_zero_refuses_fp16_its_fp16_optimizer_not_read():
+    refused = runtimes.refused_settings(setup("fp16-mixed", runtime="deepspeed").training)
+    assert refused == []  # the setting alone; the stage is the data-parallel check's
+    sentence = runnable.data_parallel_refused("deepspeed", None, precision="fp16-mixed", zero=0, dp=8,
+                                              shard_group=None, stages=1)
+    assert "FP16_Optimizer" in sentence and "--zero 1" in sentence
 
 
 def test_deepspeed_zero_holds_fp16_as_bf16():
@@ -127,7 +135,13 @@ def test_exports_write_fp16_and_megatron_reads_it_back(tmp_path):
     script.write_text(f"python pretrain_gpt.py {SHAPE} {shlex.join(args)}\n")
     assert megatron.read(script).precision == "fp16-mixed"
     ds = tmp_path / "ds.py"
+    # at ZeRO 0 DeepSpeed's fp16 runs FP16_Optimizer, which the record did not read: refused
     result = runner.invoke(cli, ["export", str(plan_path), "--to", "deepspeed", "--out", str(ds)])
+    assert result.exit_code != 0 and "FP16_Optimizer" in result.output and "Traceback" not in result.output
+    zero1 = tmp_path / "zero1"
+    zero1.mkdir()
+    _, _, zero1_plan = write(zero1, [4, 3, 3], set(), runtime="deepspeed", precision="fp16-mixed", dp=2, zero=1)
+    result = runner.invoke(cli, ["export", str(zero1_plan), "--to", "deepspeed", "--out", str(ds)])
     assert result.exit_code == 0, result.output
     assert '"fp16": {"enabled": True}' in ds.read_text() and '"bf16"' not in ds.read_text()
     result = runner.invoke(cli, ["export", str(plan_path), "--to", "torchtitan", "--out", str(tmp_path / "t.toml")])

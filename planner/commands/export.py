@@ -211,7 +211,7 @@ def _refuse_fp16(plan, target: str) -> None:
     read): the sentence its runtime's refusal says (planner/cost/runtime_fp16.py)."""
     from planner.cost import runtime_fp16, runtimes
 
-    refused = runtime_fp16.refusal(plan.setup.training.precision, runtimes.facts(target))
+    refused = runtime_fp16.refusal(plan.setup.training.precision, runtimes.facts(target), plan.setup.data_parallel.zero)
     if refused:
         raise UserError(refused.replace(f"--runtime {target}", f"--to {target}"))
 

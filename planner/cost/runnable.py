@@ -28,7 +28,7 @@ def data_parallel_refused(runtime: str, version: str | None, *, precision: str, 
     """A sentence where the runtime cannot run this ZeRO stage: under its bf16 optimizer (zero_refused), beside
     a pipeline of `stages` (its record's pipeline_max_zero), or over a shard group of fewer ranks than `dp`
     (shard_group_zero), or in a precision it does not train (fp16-mixed: runtime_fp16.refusal); else None. The single-setup commands refuse it, the whole-job search skips it."""
-    refused = runtime_fp16.refusal(precision, facts(runtime, version)) \
+    refused = runtime_fp16.refusal(precision, facts(runtime, version), zero) \
         or zero_refused(runtime, version, precision=precision, zero=zero, dp=dp)
     if refused:
         return refused

@@ -407,6 +407,8 @@ class RuntimeFacts:
     the fp16-to-fp32 gradient copy, 2 + 4, and the unscale with its found-inf check, 4 + 4: 14)."""
     fp16_step_collectives: tuple[tuple[str, str, str], ...] = ()
     """The loss scaler's scalar all-reduces at the step beyond bf16's, as step_collectives names them."""
+    fp16_min_zero: int = 0
+    """The lowest ZeRO stage whose fp16 optimizer was read (DeepSpeed: 1, ZeRO 0 runs FP16_Optimizer); below it refused."""
     fp8_param_bytes: int = 0
     """Bytes per Float8 linear's weight parameter a rank holds where the weights are kept in FP8 (Megatron-LM's
     --fp8-param-gather: TE Float8Tensor parameters in a uint8 parameter buffer, 1); 0: not read, refused."""

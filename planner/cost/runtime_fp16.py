@@ -24,7 +24,7 @@ from planner.cost.runtime_facts import RuntimeFacts
 FP16 = "fp16-mixed"
 _MCORE = "Megatron-LM d98e8a64"
 MEGATRON = {"fp16_grad_bytes": 2, "fp16_grad_step_copy_bytes": 4, "fp16_scaler_bytes": (2 + 4) + (4 + 4),
-             "fp16_step_collectives": (("loss scaler's found-inf", "grad_stats", ""),)}
+             "fp16_step_collectives": (("loss scaler's found-inf", "grad_stats", ""),), "fp16_min_zero": 0}
 MEGATRON_SOURCES = {
     "fp16_grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 924 (grad_dtype = torch.float if "
                        f"grad_reduce_in_fp32 else param.dtype), megatron/training/arguments.py 1195-1217 (only the "
@@ -41,6 +41,8 @@ MEGATRON_SOURCES = {
                          f"written), {_MCORE}",
     "fp16_step_collectives": f"megatron/core/optimizer/optimizer.py 729-736 (found_inf all_reduce MAX over "
                              f"get_grad_stats_parallel_group(), then .item()), {_MCORE}",
+    "fp16_min_zero": f"both optimizers read: Float16OptimizerWithFloat16Params (ZeRO 0) and the distributed optimizer "
+                     f"(ZeRO 1), {_MCORE}",
 }
 DEEPSPEED_SOURCES = {
     "fp16_grad_bytes": "deepspeed/runtime/zero/stage3.py 275 (self.dtype, the parameters'), 524-545 (the gradient "
@@ -53,6 +55,8 @@ DEEPSPEED_SOURCES = {
                          "either dtype: the record's partition_check_bytes and step_collectives), v0.6.2",
     "fp16_step_collectives": "deepspeed/runtime/zero/stage3.py 2402-2432 (has_overflow's all-reduce, under either "
                              "dtype: already the record's step_collectives), v0.6.2",
+    "fp16_min_zero": "deepspeed/runtime/engine.py 1067-1080 (ZeRO's optimizer whatever the dtype), 1097-1098 (without "
+                     "ZeRO fp16 runs FP16_Optimizer, not read), v0.6.2",
 }
 CKPLAN_REFUSED = ("planner/runtime has no gradient scaler (no torch.amp.GradScaler; stagemodule.py runs float32 or "
                   "bfloat16): ckplan's own runtime trains no fp16")
@@ -62,7 +66,8 @@ COLOSSALAI_REFUSED = "ColossalAI's fp16 path (its mixed-precision optimizer's lo
 BLOOM_REFUSED = "DeepSpeed 56c52238's record reads BLOOM's BF16_Optimizer; fp16 runs FP16_Optimizer there, not read"
 FIELDS = tuple(MEGATRON)
 # DeepSpeed's ZeRO: fp16's gradients are the record's own 2 B, nothing beside bf16's
-DEEPSPEED = {"fp16_grad_bytes": 2, "fp16_grad_step_copy_bytes": 0, "fp16_scaler_bytes": 0, "fp16_step_collectives": ()}
+DEEPSPEED = {"fp16_grad_bytes": 2, "fp16_grad_step_copy_bytes": 0, "fp16_scaler_bytes": 0, "fp16_step_collectives": (),
+             "fp16_min_zero": 1}
 
 
 def not_trained(reason: str) -> dict[str, str]:
@@ -89,9 +94,15 @@ def refused(training, record: RuntimeFacts) -> list[str]:
     return [found] if found else []
 
 
-def refusal(precision: str | None, record: RuntimeFacts) -> str | None:
-    """The sentence refusing fp16-mixed under a record that trains no fp16, naming it and why; else None."""
-    if precision != FP16 or record.fp16_grad_bytes:
+def refusal(precision: str | None, record: RuntimeFacts, zero: int | None = None) -> str | None:
+    """The sentence refusing fp16-mixed under a record that trains no fp16, naming it and why, or at a ZeRO stage
+    (`zero`, where known) below the one whose fp16 optimizer was read; else None."""
+    if precision != FP16:
+        return None
+    if record.fp16_grad_bytes and zero is not None and zero < record.fp16_min_zero:
+        return (f"--precision {FP16} at ZeRO {zero} under --runtime {record.name}: {record.sources['fp16_min_zero']}; "
+                f"give --zero {record.fp16_min_zero} or more, or bf16-mixed")
+    if record.fp16_grad_bytes:
         return None
     return (f"--precision {FP16} (fp16 with a loss scaler) is not modelled under --runtime {record.name}: "
             f"{record.sources['fp16_grad_bytes']}; give bf16-mixed or choose --runtime megatron or deepspeed")
