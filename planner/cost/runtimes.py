@@ -411,7 +411,7 @@ def of(training) -> RuntimeFacts:
 
 
 @functools.cache
-def _of(runtime: str, version: str | None, grad_reduce_bf16: bool, fp16: bool) -> RuntimeFacts:
+def _of(runtime: str, version: str | None, grad_reduce_bf16: bool, fp16: bool = False) -> RuntimeFacts:
     record = bridgesettings.with_settings(facts(runtime, version), grad_reduce_bf16=grad_reduce_bf16)
     return runtime_fp16.under_fp16(record) if fp16 else record
 
