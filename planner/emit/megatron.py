@@ -62,9 +62,6 @@ RUNS_AS = {**rounding.ONLY_1F1B, "ZB": "interleaved-1F1B", "ZBV": "interleaved-1
            "DualPipeV": "interleaved-1F1B"}
 
 
-# the plan's precision -> Megatron-LM's flag: --fp16 runs its loss scaler (dynamic without --loss-scale)
-_PRECISION_FLAGS = {"bf16-mixed": "--bf16", "fp16-mixed": "--fp16"}
-
 def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
     scored_as.refuse_uncompiled_target(plan.setup, TARGET)
     _check_microbatches(plan)
@@ -421,8 +418,8 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
                      "default) would hide part of it")
     if known.sp:
         lines.append(arg("--sequence-parallel"))
-    if setup.training.precision in _PRECISION_FLAGS:  # fp32 without either (params_dtype torch.float)
-        lines.append(arg(_PRECISION_FLAGS[setup.training.precision]))
+    if setup.training.precision in ("bf16-mixed", "fp16-mixed"):  # fp32: neither (params_dtype torch.float)
+        lines.append(arg("--bf16" if setup.training.precision == "bf16-mixed" else "--fp16"))
     lines += _zero_arguments(setup) + _ddp_arguments(setup)
     lines += _test_settings(setup.training)
     body = "\n".join(f"    {rounding.one_line(line)}" for line in lines)
