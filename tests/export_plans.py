@@ -46,14 +46,16 @@ def llm_profile(num_blocks: int = 8, *, options: bool = False, kind: str = "Bloc
 
 
 def make_plan(profile, profile_path, sizes: list[int], checkpointed: set[str], *, cap_mib: float = 1000,
-              microbatches: int = 6, schedule: str = "1F1B", runtime: str = "ckplan") -> Plan:
+              microbatches: int = 6, schedule: str = "1F1B", runtime: str = "ckplan",
+              precision: str = "bf16-mixed", **settings) -> Plan:
     """Stages of `sizes` layers (all layers counted), the named layers checkpointed, scored for
     `runtime` (a plan exported to a framework exactly is one solved for its runtime)."""
     bounds = [sum(sizes[:s]) for s in range(len(sizes))]
     flags = [layer.name in checkpointed for layer in profile.layers]
     stages = costmodel.split_to_stages(bounds, flags, profile)
     setup = TrainSetup(stages=len(sizes), microbatches=microbatches, micro_batch_size=1, schedule=schedule,
-                       mem_caps_bytes=[int(cap_mib * MIB)] * len(sizes), precision="bf16-mixed", runtime=runtime)
+                       mem_caps_bytes=[int(cap_mib * MIB)] * len(sizes), precision=precision, runtime=runtime,
+                       **settings)
     cost = costmodel.evaluate(stages, profile, setup)
     return Plan(created_at="1970-01-01T00:00:00Z", model=FileRef(file="m.py", sha256="0" * 64),
                 profile=io.file_ref(profile_path), device=profile.device, dtype=profile.dtype, setup=setup,

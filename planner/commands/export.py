@@ -67,6 +67,7 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
         return
     _refuse_launch_options(click.get_current_context())
     _refuse_pure_bf16(plan)
+    _refuse_fp16(plan, target)
     _refuse_unbuilt_block(profile, target)  # what the framework cannot build at all, before how it would run it
     _refuse_experts(profile, target)
     _refuse_megatron_settings(plan, target)
@@ -203,6 +204,16 @@ def _refuse_pure_bf16(plan) -> None:
         raise UserError("the plan trains in bf16 throughout (--precision bf16, as ckplan's runtime does), and no "
                         "framework does that: they keep fp32 master weights and optimizer state; solve again with "
                         "--precision bf16-mixed and export that plan")
+
+
+def _refuse_fp16(plan, target: str) -> None:
+    """An fp16-mixed plan exported to a framework whose record trains no fp16 (torchtitan, ColossalAI's path not
+    read): the sentence its runtime's refusal says (planner/cost/runtime_fp16.py)."""
+    from planner.cost import runtime_fp16, runtimes
+
+    refused = runtime_fp16.refusal(plan.setup.training.precision, runtimes.facts(target), plan.setup.data_parallel.zero)
+    if refused:
+        raise UserError(refused.replace(f"--runtime {target}", f"--to {target}"))
 
 
 # Targets whose exports write no expert or latent-attention settings: ColossalAI's MoE runs

@@ -64,7 +64,7 @@ def _schedules(text: str | None, runtime: str, settings) -> tuple[str, ...]:
               help="The flash kernel the job's attention runs, as `ckplan profile --attention-kernel` [default: "
                    "flash2, or a --profile's own].")
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
-@click.option("--precision", type=click.Choice(["fp32", "bf16", "bf16-mixed"]), default="bf16-mixed",
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "bf16-mixed", "fp16-mixed"]), default="bf16-mixed",
               show_default=True)
 @click.option("--recompute", type=click.Choice(["options", "whole-layer"]), default="options", show_default=True,
               help="What a layer may recompute in each configuration's plan.")

@@ -56,9 +56,9 @@ _OPTIONS = [
     click.option("--chunks", type=click.IntRange(min=1, max=64), default=None,
                  help="Stages per rank for interleaved-1F1B, ZB, ZBV, DualPipeV [default: 2; 1 for 1F1B, GPipe]."),
     click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True),
-    click.option("--precision", type=click.Choice(["fp32", "bf16", "bf16-mixed"]), default="fp32", show_default=True,
-                 help="fp32 or bf16: weights, gradients and optimizer state all in that dtype (ckplan's runtime "
-                      "trains a profile in its own dtype); bf16-mixed: bf16 weights and gradients, fp32 master and state."),
+    click.option("--precision", type=click.Choice(["fp32", "bf16", "bf16-mixed", "fp16-mixed"]), default="fp32",
+                 show_default=True, help="fp32 or bf16: weights, gradients and optimizer state all in that dtype; "
+                 "bf16-mixed: bf16 weights and gradients, fp32 master and state; fp16-mixed: fp16 with a loss scaler."),
     click.option("--runtime", type=click.Choice(["ckplan", "megatron", "torchtitan", "colossalai", "deepspeed"]),
                  default="ckplan", show_default=True,
                  help="Whose runtime the plan is scored for: ckplan's own (launch), or the framework it is exported "

@@ -7,6 +7,9 @@ runtime keeps past the step, each from its record (planner/cost/runtimes.py):
 
 - `keeps_last_input_and_grad`: each model chunk past the pipeline's first keeps its last
   microbatch's input and that input's gradient until its next forward (two stage inputs);
+- the step's fp32 copy of the rank's 16-bit gradient shard (fp16-mixed, --grad-reduce-in-bf16: the record's
+  fp16_grad_step_copy_bytes / bf16_grad_step_copy_bytes), set as each main parameter's .grad and freed only by
+  the next train_step's zero_grad;
 - the cuBLAS workspaces allocated once through torch's caching allocator: torch's own
   (`cublas_workspace_bytes`, CUBLAS_WORKSPACE_CONFIG), one for the forward's thread and one for
   autograd's (TORCH_BLAS_THREADS), and Transformer Engine's (`te_cublas_workspace`: 32 MiB on
@@ -153,10 +156,11 @@ def first_forward_bytes(training: TrainingSetup, profile: Profile, comm: CommSet
 
 def after_step_bytes(static: float, first_layers: Sequence[LayerCost], stages: Sequence[int], *,
                      training: TrainingSetup, profile: Profile, comm: CommSetup | None = None,
-                     holds_output: bool = False) -> int:
+                     holds_output: bool = False, step_copy_bytes: float = 0.0) -> int:
     """Allocated after the optimizer step on a rank holding pipeline `stages` (their first layers
     `first_layers`; `holds_output`: the last stage among them): its static bytes and what its runtime keeps past
-    the step (`comm`: the setup's, for TE's userbuffers' workspace)."""
+    the step (`comm`: the setup's, for TE's userbuffers' workspace; `step_copy_bytes`: the step's fp32 copy of
+    16-bit gradients, bridgeterms.step_grad_copy_bytes, held to the next zero_grad)."""
     record = runtimes.of(training)
-    return int(round(static)) + kept_inputs_bytes(first_layers, stages, record) \
+    return int(round(static + step_copy_bytes)) + kept_inputs_bytes(first_layers, stages, record) \
         + first_forward_bytes(training, profile, comm, holds_output=holds_output)

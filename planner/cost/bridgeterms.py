@@ -4,7 +4,7 @@ and the optimizer step's fp32 copy of bf16 gradients."""
 
 from __future__ import annotations
 
-from planner.cost import dataparallel, megatron_fsdp, runtimes
+from planner.cost import dataparallel, megatron_fsdp, runtime_fp16, runtimes
 from planner.cost.bridgesettings import TN_ONLY_GPUS
 
 
@@ -33,10 +33,21 @@ def fp8_param_saving_bytes(fp8_count: float, setup, profile) -> float:
 
 
 def step_grad_copy_bytes(param_count: float, setup) -> float:
-    """The optimizer step's fp32 copy of the rank's bf16 gradient shard (the record's bf16_grad_step_copy_bytes
-    a parameter of its 1/K) under grad_reduce_bf16; 0 without it or with the optimizer on the host."""
+    """The optimizer step's fp32 copy of the rank's 16-bit gradient shard, held from the step to the next
+    zero_grad: under grad_reduce_bf16 the record's bf16_grad_step_copy_bytes a parameter of its 1/K, under
+    fp16-mixed its fp16_grad_step_copy_bytes (runtime_fp16.py); 0 without either or with the optimizer on the host."""
     training = setup.training
-    if not getattr(training, "grad_reduce_bf16", False) or setup.data_parallel.offload:
+    if setup.data_parallel.offload:
         return 0.0
-    copy = runtimes.of(training).bf16_grad_step_copy_bytes
+    record = runtimes.of(training)
+    copy = record.fp16_grad_step_copy_bytes if getattr(training, "precision", None) == runtime_fp16.FP16 else \
+        record.bf16_grad_step_copy_bytes if getattr(training, "grad_reduce_bf16", False) else 0
     return param_count * copy / dataparallel.shard_size(setup)
+
+
+def held_step_copy_bytes(layers, setup) -> float:
+    """step_grad_copy_bytes of these layers, held past the step on their rank: a parameter an earlier layer shares
+    copied once where one stage holds both (the step's own rule, stepscratch.layer_step_scratch_bytes)."""
+    one_stage = setup.pipeline.stages == 1
+    return sum(step_grad_copy_bytes(layer.param_count - (layer.shared_before if one_stage else 0), setup)
+               for layer in layers)

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import expertsetup, runtimes, sizedreduce
+from planner.cost import expertsetup, runtime_fp16, runtimes, sizedreduce
 from planner.errors import UserError
 from planner.schema import Profile, TrainSetup
 
@@ -68,6 +68,8 @@ BYTES_PER_PARAM = {
     ("bf16", "sgd"): (2, 2, 2),  # momentum in bf16
     ("bf16-mixed", "adam"): (2, 2, 12),  # master + m + v
     ("bf16-mixed", "sgd"): (2, 2, 8),  # master + momentum
+    ("fp16-mixed", "adam"): (2, 2, 12),  # the same, the gradient's dtype the record's (runtime_fp16.py)
+    ("fp16-mixed", "sgd"): (2, 2, 8),
 }
 FP32_BYTES = 4
 OFFLOAD_CHUNK_PARAMS = 2**22  # 16 MiB of fp32 master per chunk
@@ -122,8 +124,8 @@ def param_bytes(setup: TrainSetup) -> ParamBytes:
     own fp32 gradients beside them where the record keeps some (DeepSpeed 56c52238's BF16_Optimizer)."""
     weights, grads, optim = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
     shard, master, hp_grads = weights, 0, 0
-    if setup.training.precision == "bf16-mixed":
-        record = runtimes.of(setup.training)
+    if runtime_fp16.mixed(setup.training.precision):
+        record = runtimes.of(setup.training)  # under fp16-mixed its gradients are fp16_grad_bytes (runtime_fp16)
         shard, grads, master, optim = record.shard_weight_bytes, record.grad_bytes, record.master_bytes, optim - FP32_BYTES
         hp_grads = record.hp_grad_bytes
     if setup.training.optimizer_state_dtype == "bf16" and setup.training.precision != "bf16":

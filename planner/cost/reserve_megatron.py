@@ -65,6 +65,7 @@ from planner.cost import (
     bridgeterms,
     dataparallel,
     megatron_fsdp,
+    runtime_fp16,
     runtimes,
     te_offload,
 )
@@ -436,7 +437,7 @@ def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Prof
     ep = setup.data_parallel.ep
     tensors = tuple(tensor_split((layer.param_count - layer.expert_param_count + layer.expert_param_count // ep)
                                  * held.shard_weights, parameter_parts(layer, profile.assumptions)) for layer in layers)
-    master = record.master_bytes if setup.training.precision == "bf16-mixed" else 0
+    master = record.master_bytes if runtime_fp16.mixed(setup.training.precision) else 0
     moment = (held.optim - master) / 2
     weights = sum(map(sum, tensors))
     # Transformer Engine's Float8 weights (bridgeterms.fp8_param_saving_bytes, as static charges them): FP8

@@ -7,6 +7,7 @@ whole-job search skips them (solve/jobsearch)."""
 
 from __future__ import annotations
 
+from planner.cost import runtime_fp16
 from planner.cost.runtimes import facts
 
 
@@ -26,8 +27,9 @@ def data_parallel_refused(runtime: str, version: str | None, *, precision: str, 
                           shard_group: int | None, stages: int) -> str | None:
     """A sentence where the runtime cannot run this ZeRO stage: under its bf16 optimizer (zero_refused), beside
     a pipeline of `stages` (its record's pipeline_max_zero), or over a shard group of fewer ranks than `dp`
-    (shard_group_zero); else None. The single-setup commands refuse it, the whole-job search skips it."""
-    refused = zero_refused(runtime, version, precision=precision, zero=zero, dp=dp)
+    (shard_group_zero), or in a precision it does not train (fp16-mixed: runtime_fp16.refusal); else None. The single-setup commands refuse it, the whole-job search skips it."""
+    refused = runtime_fp16.refusal(precision, facts(runtime, version), zero) \
+        or zero_refused(runtime, version, precision=precision, zero=zero, dp=dp)
     if refused:
         return refused
     record = facts(runtime, version)

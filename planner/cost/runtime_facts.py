@@ -7,28 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.cost.runtime_loss import LossRegion
 
-@dataclass(frozen=True)
-class LossRegion:
-    """The loss's bytes as multiples of the bf16 logits (see the module's docstring)."""
-
-    kept_x: float  # from the loss's forward to its backward, the logits included where they stay
-    peak_x: float  # the most at once during the loss's forward and backward
-    # the loss saves the logits themselves (kept_x counts them) and hands their storage back as their gradient
-    # (Transformer Engine's fused cross-entropy writes it there): rules.loss_holds_logits; False: the stage
-    # output holds 1x of kept_x, and the last layer receives a new gradient
-    grad_in_logits: bool = False
-    # kept_x counts the logits the loss is handed (the region saves them, or its caller keeps them: a compiled
-    # loss's saved input, transformers' output object); False: kept_x is what the loss makes and saves alone
-    # (torchtitan's eager cross_entropy(pred.float()): log_softmax's fp32 result, 2x, measured with `pred`
-    # deleted, scripts/bench_loss_region.py), so a stage output that holds the logits holds them beside it
-    kept_counts_logits: bool = True
+__all__ = ["LossRegion", "RuntimeFacts"]
 
 
 @dataclass(frozen=True)
 class RuntimeFacts:
     """What one framework's code holds. Values are per parameter on one rank before sharding
-    (bf16-mixed precision) unless said; the file and version of each are in `sources`."""
+    (bf16-mixed precision) unless said; the file and version of each are in `sources`. The facts under
+    fp16-mixed are fields of their own (runtime_fp16.py reads them)."""
 
     name: str
     version: str  # the version these facts were read at (a runtime_version the setup may name)
@@ -409,6 +397,20 @@ class RuntimeFacts:
     """Bytes per parameter of the optimizer's shard that the step allocates beside bf16 gradients: Megatron-LM's
     distributed optimizer sets each fp32 main parameter's .grad to an fp32 copy of its bf16 shard (4), held
     until the next zero_grad; 0: none."""
+    # -- fp16 with a loss scaler (TrainingSetup.precision fp16-mixed; planner/cost/runtime_fp16.py)
+    fp16_grad_bytes: int = 0
+    """Bytes per parameter of the gradient accumulated and reduced under fp16-mixed (Megatron-LM's fp16 main_grad
+    buffer, DeepSpeed's fp16 partitions: 2); 0: the runtime trains no fp16, refused saying its source."""
+    fp16_grad_step_copy_bytes: int = 0
+    """Bytes per parameter of the rank's shard of the step's fp32 copy of those gradients, held past the step to the
+    next zero_grad (Megatron-LM's main_param.grad = main_grad.float(): 4); 0: none beside what bf16 holds."""
+    fp16_scaler_bytes: int = 0
+    """Bytes per parameter of the rank's shard the loss scaler's step reads and writes beyond bf16's (Megatron-LM:
+    the fp16-to-fp32 gradient copy, 2 + 4, and the unscale with its found-inf check, 4 + 4: 14)."""
+    fp16_step_collectives: tuple[tuple[str, str, str], ...] = ()
+    """The loss scaler's scalar all-reduces at the step beyond bf16's, as step_collectives names them."""
+    fp16_min_zero: int = 0
+    """The lowest ZeRO stage whose fp16 optimizer was read (DeepSpeed: 1, ZeRO 0 runs FP16_Optimizer); below it refused."""
     fp8_param_bytes: int = 0
     """Bytes per Float8 linear's weight parameter a rank holds where the weights are kept in FP8 (Megatron-LM's
     --fp8-param-gather: TE Float8Tensor parameters in a uint8 parameter buffer, 1); 0: not read, refused."""

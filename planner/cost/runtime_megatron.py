@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from planner.cost import runtime_fp16
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_SOURCES
 from planner.cost.runtime_deepspeed import NOT_READ as DEEPSPEED_STEP_NOT_READ
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
@@ -139,7 +140,7 @@ def megatron() -> RuntimeFacts:
         deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, host_rest_linears=HOST_REST_LINEARS,
         step_collectives=STEP_COLLECTIVES, timer_syncs=TIMER_SYNCS,
         megatron_step_replayed=True, stage_sends_beside="backward",
-        bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
+        bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, **runtime_fp16.MEGATRON, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
         te_window_handler="v2.10", te_router_scores="fp32", offload_refuses_pipeline=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
@@ -173,7 +174,7 @@ def megatron() -> RuntimeFacts:
                                         f"with pipeline_model_parallel_size > 1 raises), 1884-1889 (N < num_layers), "
                                         f"1896-1899 (no recompute beside it), {MEGATRON_V} (docs/framework-facts.md "
                                         f"§321)",
-            **BRIDGE_SETTINGS_SOURCES,
+            **BRIDGE_SETTINGS_SOURCES, **runtime_fp16.MEGATRON_SOURCES,
             "chunked_loss": NO_CHUNKED_LOSS + " (Megatron-LM's own fused cross-entropy is --cross-entropy-loss-fusion)",
             "main_grad_hook": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
                                    "accumulate, its epilogue reading and writing 4 B each inside the GEMM (timed by its FLOPs: "

@@ -4,6 +4,7 @@ in which dtype and when it frees, each fact with the file, lines and commit it w
 
 from __future__ import annotations
 
+from planner.cost import runtime_fp16
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import (
@@ -154,7 +155,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         nccl_version="2.21.5" if version == "9dec370" else "2.27.7",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
-            **BRIDGE_SETTINGS_NOT_READ, "te_moe_experts_kept": EAGER_MOE_KEPT,
+            **BRIDGE_SETTINGS_NOT_READ, "te_moe_experts_kept": EAGER_MOE_KEPT, **runtime_fp16.not_trained(runtime_fp16.TITAN_REFUSED),
             "fsdp_units": _TITAN_UNITS[version][2],
             "fsdp_gathered_from_forward": _TITAN_UNITS[version][2],
             "cp_comm": f"torch/distributed/tensor/experimental/_context_parallel/_attention.py 77 (_cp_options."

@@ -13,17 +13,7 @@ Versions read (docs/framework-facts.md): Megatron-LM d98e8a64 (2026-08-22); torc
 (2024-12-26), bbb1b616 (2025-04-02), 2c8b5947 (2025-08-08), b5bcd76c (2026-08-21); torch 2.13.0 (cf30153c); DeepSpeed
 edaa7221 (2026-08-22) and 56c52238 (2022-04-19, as BLOOM 176B ran it: §61, §69); ColossalAI 4f9953be and its LLaMA-2
 benchmark at 068372a7.
-
-The loss region is a multiple of the bf16 logits tensor (tokens x vocab shard x 2 B): `kept` what
-lives from the loss's forward to its backward (the logits themselves included where they stay),
-`peak` the most at once during the loss's forward and backward. Measured with torch's MemTracker
-on CPU (torch 2.13, 2,048 tokens x 4,096 vocab, bf16 logits; scripts/bench_loss_region.py,
-its cases written from each framework's code): torchtitan's plain loss kept 2.00 peak 5.97
-(compiled by inductor, read from its generated code instead, scripts/compiled_loss.py: kept 1.00
-peak 2.00);
-loss_parallel kept 2.00 peak 7.97; Hugging Face >= 4.46 (its output keeps the logits) kept 3.00
-peak 6.97; transformers 4.3x as ColossalAI's benchmark runs it kept 4.00 peak 7.97; Megatron-LM's
-vocab-parallel cross-entropy kept 2.00 peak 2.97.
+The loss regions the records state, and how they were measured: planner/cost/runtime_loss.py.
 """
 
 from __future__ import annotations
@@ -32,7 +22,13 @@ import dataclasses
 import functools
 from dataclasses import fields
 
-from planner.cost import bridgesettings, runtime_deepspeed, runtime_megatron, runtime_titan
+from planner.cost import (
+    bridgesettings,
+    runtime_deepspeed,
+    runtime_fp16,
+    runtime_megatron,
+    runtime_titan,
+)
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETTINGS_NOT_READ
 from planner.cost.record_refusals import compile_refused, timers_refused
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
@@ -53,8 +49,6 @@ from planner.errors import UserError
 
 _DS_V = "DeepSpeed edaa7221 (2026-08-22)"
 _CAI_V = "ColossalAI 4f9953be; LLaMA-2 benchmark 068372a7"
-
-
 
 _FLOAT8_NOT_READ = {"float8": "not read: the runtime's Float8 (if any) is refused",
                     "float8_memory": "not read: the runtime's Float8 (if any) is refused"}
@@ -127,6 +121,7 @@ def _ckplan() -> RuntimeFacts:
             "tp_overlap": "ckplan's runtime runs no TP",
             **_FLOAT8_NOT_READ,
             **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS, "te_moe_experts_kept": EAGER_MOE_KEPT,
+            **runtime_fp16.not_trained(runtime_fp16.CKPLAN_REFUSED),
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -198,16 +193,17 @@ def _deepspeed(version: str = "edaa7221") -> RuntimeFacts:
     record = _deepspeed_newest()
     if version == "edaa7221":
         return record
-    sources = {**record.sources, **_DS_BLOOM_FACTS, **runtime_deepspeed.BLOOM_NOT_READ}
+    sources = {**record.sources, **_DS_BLOOM_FACTS, **runtime_deepspeed.BLOOM_NOT_READ,
+               **runtime_fp16.not_trained(runtime_fp16.BLOOM_REFUSED)}
     return dataclasses.replace(record, version=_DS_BLOOM, overlaps_grad_reduce=False, zero1_all_reduces=True,
                                hp_grad_accumulate_bytes=18, hp_grad_bytes=4, hp_grad_cast_bytes=4, reduce_cast_bytes=2, bf16_zero=1,
-                               shard_group_zero=(), **runtime_deepspeed.BLOOM_FACTS,
+                               shard_group_zero=(), **runtime_deepspeed.BLOOM_FACTS, fp16_grad_bytes=0,
                                sources=sources)
 
 
 def _deepspeed_newest() -> RuntimeFacts:
     return RuntimeFacts(
-        name="deepspeed", version=_DS_V, pipeline_schedules=("1F1B",),
+        name="deepspeed", version=_DS_V, pipeline_schedules=("1F1B",), **runtime_fp16.DEEPSPEED,
         grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=False,
         # Megatron-DeepSpeed's GPT runs Megatron's vocab-parallel cross-entropy
@@ -275,6 +271,7 @@ def _deepspeed_newest() -> RuntimeFacts:
             "tp_overlap": "not in DeepSpeed",
             **_FLOAT8_NOT_READ,
             **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS, "te_moe_experts_kept": EAGER_MOE_KEPT,
+            **runtime_fp16.DEEPSPEED_SOURCES,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -357,6 +354,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "tp_overlap": "not read",
             **_FLOAT8_NOT_READ,
             **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS, "te_moe_experts_kept": EAGER_MOE_KEPT,
+            **runtime_fp16.not_trained(runtime_fp16.COLOSSALAI_REFUSED),
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -408,12 +406,14 @@ def facts(runtime: str, version: str | None = None) -> RuntimeFacts:
 
 def of(training) -> RuntimeFacts:
     """The record for a setup's training part (its runtime and runtime_version)."""
-    return _of(training.runtime, getattr(training, "runtime_version", None), getattr(training, "grad_reduce_bf16", False))
+    return _of(training.runtime, getattr(training, "runtime_version", None), getattr(training, "grad_reduce_bf16", False),
+               getattr(training, "precision", None) == runtime_fp16.FP16)
 
 
 @functools.cache
-def _of(runtime: str, version: str | None, grad_reduce_bf16: bool) -> RuntimeFacts:
-    return bridgesettings.with_settings(facts(runtime, version), grad_reduce_bf16=grad_reduce_bf16)
+def _of(runtime: str, version: str | None, grad_reduce_bf16: bool, fp16: bool = False) -> RuntimeFacts:
+    record = bridgesettings.with_settings(facts(runtime, version), grad_reduce_bf16=grad_reduce_bf16)
+    return runtime_fp16.under_fp16(record) if fp16 else record
 
 
 def fact_fields() -> list[str]:
@@ -458,7 +458,7 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
     if getattr(training, "cp_comm", None) is not None and training.context_parallel == 1:
         refused.append(f"--cp-comm {training.cp_comm} says how context-parallel ranks exchange K and V, and --cp is "
                        "1: give --cp N or drop --cp-comm")
-    refused += bridgesettings.refused(training, of(training))
+    refused += bridgesettings.refused(training, of(training)) + runtime_fp16.refused(training, of(training))
     if training.chunked_cross_entropy and not of(training).chunked_loss:
         which = (f"torchtitan {of(training).version} had none" if training.runtime == "torchtitan" else
                  f"--runtime {training.runtime} runs no such loss")

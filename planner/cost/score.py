@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from planner.cost import (
     afterstep,
     allocator,
+    bridgeterms,
     gradtiming,
     megatron_dp,
     pipereduce,
@@ -174,7 +175,9 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         workspace_bytes=workspace_bytes(rank, ctx), nccl_buffers=communicator_bytes(rank, ctx),
         after_step_bytes=afterstep.after_step_bytes(static, [chunks[k][0][0] for k in stages], stages,
                                                     training=setup.training, profile=profile, comm=setup.comm,
-                                                    holds_output=last in stages))
+                                                    holds_output=last in stages,
+                                                    step_copy_bytes=bridgeterms.held_step_copy_bytes(
+                                                        [layer for k in stages for layer in chunks[k][0]], setup)))
 
 
 def late_gradients(order: schedules.Schedule, rank: int, chunks, setup: TrainSetup) -> list[float]:

@@ -18,8 +18,8 @@ from planner.schema import TrainSetup
 # _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)); SGD with momentum
 # updates in place. Measured on an H100 with torch 2.11 (docs/gpu-check.md): a bf16 stage's step peak at
 # 2 B/param, where 4 predicted 2.6 GiB too many.
-_STEP_SCRATCH_PER_PARAM = {("adam", "fp32"): 4, ("adam", "bf16-mixed"): 4, ("adam", "bf16"): 2,
-                           ("sgd", "fp32"): 0, ("sgd", "bf16-mixed"): 0, ("sgd", "bf16"): 0}
+_STEP_SCRATCH_PER_PARAM = {("adam", "fp32"): 4, ("adam", "bf16-mixed"): 4, ("adam", "bf16"): 2, ("adam", "fp16-mixed"): 4,
+                           ("sgd", "fp32"): 0, ("sgd", "bf16-mixed"): 0, ("sgd", "bf16"): 0, ("sgd", "fp16-mixed"): 0}
 
 
 def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: str) -> float:

@@ -68,7 +68,9 @@ def checkpointed_indices(rounded: rounding.Rounded, profile: Profile) -> list[in
 def _module(rounded: rounding.Rounded, profile: Profile) -> str:
     setup = rounded.setup
     names = "\n".join(f"#   {i}: {rounding.one_line(layer.name)}" for i, layer in enumerate(profile.layers))
-    precision = ', "bf16": {"enabled": True}' if setup.training.precision == "bf16-mixed" else ""
+    # DeepSpeed's precision block: fp16 runs its dynamic loss scaler (loss_scale 0, the default)
+    precision = {"bf16-mixed": ', "bf16": {"enabled": True}', "fp16-mixed": ', "fp16": {"enabled": True}'}.get(
+        setup.training.precision, "")
     # the ZeRO stage the re-score charged (dp_support rounds it to 1 at most beside a pipeline): without the block
     # DeepSpeed runs stage 0, whose bf16 path (BF16_Optimizer) holds whole fp32 gradients the plan never charged
     zero = _zero_block(setup) + _checkpointing_block(setup, len(checkpointed_indices(rounded, profile)))

@@ -418,8 +418,8 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
                      "default) would hide part of it")
     if known.sp:
         lines.append(arg("--sequence-parallel"))
-    if setup.training.precision == "bf16-mixed":
-        lines.append(arg("--bf16"))
+    if setup.training.precision in ("bf16-mixed", "fp16-mixed"):  # fp32: neither (params_dtype torch.float)
+        lines.append(arg("--bf16" if setup.training.precision == "bf16-mixed" else "--fp16"))
     lines += _zero_arguments(setup) + _ddp_arguments(setup)
     lines += _test_settings(setup.training)
     body = "\n".join(f"    {rounding.one_line(line)}" for line in lines)

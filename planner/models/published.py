@@ -84,7 +84,7 @@ PUBLISHED: tuple[Published, ...] = (
               layers_per_stage=(7,) + (8,) * 14 + (7,), not_expressible="torch.compile, Float8, AsyncTP",
               source=f"{_TT}, Table 5 'Interleaved 1F1B'; docs/published-runs.md M18"),
     Published("Megatron GPT-3 175B", "gpt3-175b", "megatron", None, "a100-80g", 2048, 1536, 1, tp=8, pp=16,
-              zero=0, recompute="none", not_expressible="fp16 (scored as bf16-mixed: the same bytes)",
+              zero=0, recompute="none", not_expressible="fp16 (scored at the search's --precision; fp16-mixed scores it as run)",
               source="Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh (157006d6): TP 8, PP 16, MBS 1, "
                      "GBS 1536, seq 2048, no --use-distributed-optimizer (ZeRO 0), no recompute flag; no GPU "
                      "count (NUM_NODES a placeholder)"),

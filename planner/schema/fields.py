@@ -20,7 +20,7 @@ CHUNKED_SCHEDULES = ("interleaved-1F1B", "ZB", "ZBV", "DualPipeV")
 # schedules that split a backward into its input- and weight-gradient passes (two autograd calls)
 SPLIT_BACKWARD_SCHEDULES = ("ZB", "ZBV", "DualPipeV")
 Optimizer = Literal["adam", "sgd"]
-Precision = Literal["fp32", "bf16", "bf16-mixed"]
+Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16-mixed"]  # fp16-mixed: fp16 with a loss scaler
 Dtype = Literal["float32", "bfloat16", "float16"]  # what the profiler casts to and the runtime runs in
 
 # Measured numbers must be finite and not negative; past these bounds a value is a

@@ -141,7 +141,7 @@ class Job:
     schedule: str = "1F1B"
     zero: int = 0
     zero_gather: Literal["per-microbatch", "per-iteration"] = "per-microbatch"
-    precision: Literal["fp32", "bf16", "bf16-mixed"] = "bf16-mixed"
+    precision: Literal["fp32", "bf16", "bf16-mixed", "fp16-mixed"] = "bf16-mixed"
     optimizer: Literal["adam", "sgd"] = "adam"
     recompute: Recompute = field(default_factory=Recompute)
     modelled: JobSettings = field(default_factory=JobSettings)

@@ -384,15 +384,15 @@ FP32_RUN = ("without --bf16 or --fp16 Megatron-LM trains in fp32: its weights, g
 
 
 def _precision(flags: Flags, job: Job) -> None:
+    fp16 = flags.take("--fp16", "fp16-mixed: fp16 weights and gradient buffers, a loss scaler", bool, False)
     given = "--bf16" in flags.given
     bf16 = flags.take("--bf16", "bf16 weights and activations, fp32 master weights and Adam state", bool, False)
-    fp16 = flags.given.get("--fp16") is not None and flags.has("--fp16")
-    job.precision = "bf16-mixed" if bf16 or fp16 else "fp32"
+    if bf16 and fp16:  # arguments.py: assert not (args.fp16 and args.bf16)
+        raise UserError(f"{job.source}: --bf16 and --fp16 are both given; Megatron-LM trains in one: give one")
+    job.precision = "bf16-mixed" if bf16 else "fp16-mixed" if fp16 else "fp32"
     if job.precision == "fp32":  # params_dtype torch.float without either (arguments.py 1194-1206 at d98e8a64)
-        if given:  # in place of take's "(off)" entry
-            flags.sink[-1] = ("--bf16", "false", "not modelled", FP32_RUN)
-        else:
-            flags.sink.append(("--bf16", "not given", "not modelled", FP32_RUN))
+        # in place of take's "(off)" entry where --bf16 false was given, else a new one
+        flags.sink[len(flags.sink) - given:] = [("--bf16", "false" if given else "not given", "not modelled", FP32_RUN)]
     name = flags.take("--optimizer", "optimizer", str, "adam")
     if name not in ("adam", "sgd"):
         raise UserError(f"--optimizer {name!r}: ckplan scores adam and sgd; give one of them")

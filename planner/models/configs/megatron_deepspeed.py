@@ -144,18 +144,17 @@ def _int(value, key: str, where: str) -> int:
 def _precision(flags: Flags, job: Job, config: dict, where: str) -> None:
     """bf16 / fp16 from the ds_config (the engine's), agreeing with --bf16 / --fp16 (Megatron's model dtype)."""
     enabled = [key for key in ("fp16", "bf16") if (config.get(key) or {}).get("enabled")]
-    flag_fp16 = flags.take("--fp16", "fp16 weights and activations (scored as bf16-mixed: the same bytes)", bool, False)
-    given = "fp16" if flag_fp16 else "bf16" if job.precision == "bf16-mixed" else "fp32"
+    given = {"fp16-mixed": "fp16", "bf16-mixed": "bf16"}.get(job.precision, "fp32")  # megatron._precision's
     if len(enabled) > 1 or (enabled or ["fp32"])[0] != given:
         raise UserError(f"{where}: the ds_config enables {' and '.join(enabled) or 'neither fp16 nor bf16'} and the "
                         f"flags give {given if given != 'fp32' else 'neither --fp16 nor --bf16'}; give one precision "
                         "in both")
-    job.precision = "bf16-mixed" if enabled else "fp32"
+    job.precision = {"fp16": "fp16-mixed", "bf16": "bf16-mixed"}[enabled[0]] if enabled else "fp32"
     for key in ("fp16", "bf16"):
         if key in config:
             job.said(f"ds_config {key}", json.dumps(config[key]), "modelled",
-                     "16-bit weights, fp32 master weights and Adam state (fp16 scored as bf16-mixed: the same bytes; "
-                     "its loss-scale keys have no effect)")
+                     "16-bit weights and gradients, fp32 master weights and Adam state (fp16: fp16-mixed, DeepSpeed's "
+                     "ZeRO holding bf16's bytes by its code; the loss-scale keys have no effect on them)")
 
 
 def _batch(flags: Flags, job: Job, config: dict, where: str) -> None:

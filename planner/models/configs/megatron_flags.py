@@ -179,7 +179,6 @@ NOT_MODELLED = {
     "--microbatch-group-size-per-virtual-stage": "interleaved schedule's microbatch grouping",
     "--moe-expert-capacity-factor": "token dropping at an expert capacity (the profile charges balanced routing)",
     "--moe-pad-expert-input-to-capacity": "expert inputs padded to capacity",
-    "--fp16": "fp16 with loss scaling (scored as bf16-mixed: the same bytes)",
     "--moe-layer-recompute": "recompute of MoE layers",
     "--delay-wgrad-compute": "weight-gradient computation delayed",
     "--use-distributed-optimizer-instances": "distributed-optimizer instances",

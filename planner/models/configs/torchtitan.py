@@ -415,6 +415,9 @@ FP32_RUN = ("FSDP2 computes in fp32: the weights, gradients and Adam state are s
 def _precision(keys: _Keys, job: Job) -> None:
     dtype = keys.take("training.dtype", "training dtype (bfloat16: weights and state in bf16)", str, "float32")
     param = keys.take("training.mixed_precision_param", "FSDP2's compute dtype", str, "bfloat16")
+    if param not in ("bfloat16", "float32"):  # torchtitan/config/configs.py 94 at b5bcd76c; no loss scaler in it
+        raise UserError(f"{job.source}: training.mixed_precision_param {param!r}: torchtitan takes bfloat16 or float32 "
+                        "(it has no loss scaler for float16)")
     job.precision = "bf16" if dtype == "bfloat16" else "bf16-mixed" if param == "bfloat16" else "fp32"
     if job.precision == "fp32":  # FSDP2 computes in fp32: the analytic profile is bf16's (evaluate_config._profile)
         keys.taken[:] = [(k, v, "not modelled", FP32_RUN) if k == "training.mixed_precision_param" else (k, v, st, w)
