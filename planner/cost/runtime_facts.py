@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.cost.runtime_loss import LossRegion
-
-__all__ = ["LossRegion", "RuntimeFacts"]
+from planner.cost.runtime_loss import LossRegion  # noqa: F401  read as runtime_facts.LossRegion by callers
 
 
 @dataclass(frozen=True)
