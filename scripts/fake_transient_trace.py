@@ -16,12 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 from click.testing import CliRunner
 
 from planner.cli import cli
 from planner.profiler import fake_wgrad
-from planner.profiler.storages import storage_key, storage_nbytes
 
 MIB = 1 << 20
 
@@ -46,29 +44,9 @@ class _Named(fake_wgrad._Logged):
 
 def trace(layer, x, grad) -> dict:
     """fake_wgrad.transient_parts of one layer, with what is alive at each of its two peaks."""
-    fresh, memory = set(), _Named()
-
-    def handed(gradient: torch.Tensor) -> None:
-        born = memory.born.get(storage_key(gradient))
-        if born is not None:
-            fresh.add(born)
-
-    hooks = [param.register_hook(handed) for param in layer.parameters() if param.requires_grad]
-    try:
-        with memory:
-            output = layer(x)
-            kept, start = memory.live_bytes, len(memory.events)
-            memory.reset_peak()
-            memory.phase = "backward"
-            ran = grad is not None and output.requires_grad
-            if ran:
-                torch.autograd.backward(output, grad)
-            incoming = storage_nbytes(grad) if ran else 0
-            del output
-            events = list(memory.events)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    memory = _Named()
+    run = fake_wgrad.logged_run(layer, x, grad, memory, on_backward=lambda memory: setattr(memory, "phase", "backward"))
+    kept, start, incoming, fresh, events = run.kept, run.start, run.incoming, run.fresh, run.events
     found = {"layer": type(layer).__name__, "kept": kept, "received": incoming,
              "fresh": [memory.what[born] for born in sorted(fresh)]}
     for name, skip in (("transient", set()), ("in_place", fresh)):

@@ -15,6 +15,8 @@ it, and of that, what the fresh gradients add (LayerProfile.weight_grad_transien
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -54,8 +56,39 @@ def transient_in_place(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | N
 def transient_parts(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None) -> tuple[int, int, int]:
     """transient_in_place's two figures and, from the same run, how much of the transient is the incoming
     gradient (transients._transient_parts' second figure: LayerProfile.incoming_grad_bytes)."""
-    fresh: set[int] = set()  # the creation indices of the gradients autograd handed an AccumulateGrad
-    memory = _Logged()
+    run = logged_run(layer, x, grad, _Logged())
+    live, peak = run.kept, run.kept
+    for born, change in run.events[run.start:]:
+        if born not in run.fresh:
+            live += change
+            peak = max(peak, live)
+    in_place = peak - run.kept + run.incoming
+    fwd_extra, bwd_extra = run.fwd_extra, run.bwd_extra
+    transient = max(0, fwd_extra, bwd_extra)
+    return transient, max(0, fwd_extra, in_place), transient - max(0, fwd_extra, bwd_extra - run.incoming)
+
+
+@dataclass
+class LoggedRun:
+    """One forward and backward of a layer as a _Logged tracker saw it: what the forward left alive (`kept`), the
+    index of the backward's first event (`start`), the gradient received, the creation indices of the gradients
+    autograd handed an AccumulateGrad (`fresh`), the events in order and each pass's peak beyond `kept`."""
+
+    kept: int
+    start: int
+    incoming: int
+    fresh: set[int]
+    events: list[tuple[int, int]]
+    fwd_extra: int
+    bwd_extra: int
+
+
+def logged_run(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, memory: _Logged,
+               on_backward=lambda memory: None) -> LoggedRun:
+    """Run `layer` forward and backward under `memory` (a _Logged, or one that names its events:
+    scripts/fake_transient_trace.py), noting which storages autograd hands a parameter's AccumulateGrad;
+    `on_backward(memory)` is called as the backward begins."""
+    fresh: set[int] = set()
 
     def handed(gradient: torch.Tensor) -> None:
         born = memory.born.get(storage_key(gradient))
@@ -70,6 +103,7 @@ def transient_parts(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None
             fwd_extra = memory.peak_bytes - kept
             start = len(memory.events)
             memory.reset_peak()
+            on_backward(memory)
             ran = grad is not None and output.requires_grad
             if ran:
                 torch.autograd.backward(output, grad)
@@ -80,12 +114,4 @@ def transient_parts(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None
     finally:
         for hook in hooks:
             hook.remove()
-    live, peak = kept, kept
-    for born, change in events[start:]:
-        if born not in fresh:
-            live += change
-            peak = max(peak, live)
-    in_place = peak - kept + incoming
-    transient = max(0, fwd_extra, bwd_extra)
-    return transient, max(0, fwd_extra, in_place), transient - max(0, fwd_extra, bwd_extra - incoming)
-
+    return LoggedRun(kept, start, incoming, fresh, events, fwd_extra, bwd_extra)
