@@ -40,7 +40,8 @@ def test_interleaved_ranks_keep_megatrons_warm_up_of_equal_chunks():
     B1s2 F2s2 B0s0 F3s2 B1s0 ...) peaks as B1s0 starts: 5 K live, stage 2's two outputs and two
     input gradients sent and stage 0's first output, so 5 K + 5 MiB + T. Rank 1 (stages 1, 3:
     ... F2s3 B2s3 F3s3 B3s3 B2s1 B3s1) as B3s3 starts: 3 K live, the last stage's three input
-    gradients, stage 1's two outputs and two input gradients: 3 K + 7 MiB + T."""
+    gradients, stage 1's two outputs and two input gradients, and the loss values of the last stage's three
+    microbatches past their backward (4 B each, kept to the step's end: framework-facts §703): 3 K + 7 MiB + 12 B + T."""
     profile = _profile()
     setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="interleaved-1F1B", chunks=2,
                        mem_caps_bytes=[2**40] * 2)
@@ -48,7 +49,7 @@ def test_interleaved_ranks_keep_megatrons_warm_up_of_equal_chunks():
     one = costmodel.stage_sums(costmodel.layer_costs(profile)[:2], [0, 0], stage=1, profile=profile,
                                setup=costmodel.stages_view(setup, costmodel.schedule_of(setup)))
     kept = one.kept_bytes
-    assert [c.activation_bytes for c in cost.stages] == [5 * kept + 5 * MIB, 3 * kept + 7 * MIB]
+    assert [c.activation_bytes for c in cost.stages] == [5 * kept + 5 * MIB, 3 * kept + 7 * MIB + 3 * 4]
     assert [c.transient_bytes for c in cost.stages] == [one.transient_bytes] * 2
     assert cost.stages[0].static_bytes == 4 * 1000 * 16  # four layers' weights, grads, Adam state (fp32)
     # time: the simulated makespan with forward 2 ms and backward 4 ms per stage
@@ -110,7 +111,9 @@ def test_the_chunked_milp_charges_late_gradients_only_where_a_chunk_holds_them()
 
 def test_zero_bubble_keeps_activations_until_the_weight_gradient():
     """With no boundary tensors and no transient, a ZBV rank's peak is its microbatches past F
-    and before W (2P per rank, the zero-bubble paper's ZB-V) times what a stage keeps."""
+    and before W (2P per rank, the zero-bubble paper's ZB-V) times what a stage keeps; on rank 0, which runs the
+    last stage (the V's turn), the 4 B loss value of each of its microbatches past W there (framework-facts §703):
+    the walk's counts at that peak."""
     profile = profile_of([layer(f"l{i}", "Block", fwd_ms=1.0, act_mib=10, input_mib=0, output_mib=0,
                                 param_count=1000) for i in range(8)])
     zbv = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="ZBV", chunks=2, mem_caps_bytes=[2**40] * 2)
@@ -118,7 +121,11 @@ def test_zero_bubble_keeps_activations_until_the_weight_gradient():
     order = costmodel.schedule_of(zbv)
     until_w = schedules.peak_in_flight(order, stage_bytes=[schedules.ChunkBytes(0.0, 1.0)] * 4)
     kept = cost.stages[0].kept_bytes // 2
-    assert [c.activation_bytes for c in cost.stages] == [p.weight_grad_inputs * kept for p in until_w]
+    values = schedules.peak_in_flight(order, stage_bytes=[schedules.ChunkBytes(0.0, 1.0)] * 3
+                                      + [schedules.ChunkBytes(0.0, 1.0, sent_output=1e-9)])
+    past = [round((p.live - p.weight_grad_inputs) * 1e9) for p in values]  # the last stage's microbatches past W
+    assert past == [2, 0]
+    assert [c.activation_bytes for c in cost.stages] == [p.weight_grad_inputs * kept + 4 * n for p, n in zip(until_w, past)]
     assert [p.weight_grad_inputs for p in until_w] == [2 * 2, 2 * 2]  # ZBV: 2P per rank
 
 

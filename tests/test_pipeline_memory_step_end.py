@@ -80,9 +80,10 @@ def test_a_walked_schedule_ends_with_its_sends_its_kept_logits_and_their_merge(t
     block, head = layers[1], layers[3]
     # stage 1 (a block) holds each send, its output and its input gradient, to the step's end; stage 3
     # (the head) its input gradient's send and its logits in output_chunks; then the cat of the M logits
-    sends = m * (block.output_bytes + block.input_bytes + head.input_bytes)
+    # and each microbatch's 4 B loss value (lossvalues.walked_value_bytes, framework-facts §703)
+    sends = m * (block.output_bytes + block.input_bytes + head.input_bytes) + m * 4
     assert old.step_end_bytes == sends + m * LOGITS + m * LOGITS
-    assert new.step_end_bytes == sends  # torchtitan b5bcd76c: no outputs back, the sends alone
+    assert new.step_end_bytes == sends  # torchtitan b5bcd76c: no outputs back, the sends and values alone
     for cost in (old, new):
         assert cost.peak_bytes >= cost.static_bytes + cost.buffer_bytes + cost.step_end_bytes
 

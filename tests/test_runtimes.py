@@ -384,9 +384,10 @@ def test_a_walked_schedule_holds_the_kept_outputs_from_their_backward_on(tiny):
     last, middle = order.num_stages - 1, 1
     for version, logits in (("9dec370", layers[-1].output_bytes), ("b5bcd76c", 0)):
         training = setup(runtime="torchtitan", runtime_version=version).training
-        # the last stage sends nothing: only output_chunks keeps its logits
+        # the last stage sends nothing: only output_chunks keeps its logits, and _internal_losses each
+        # microbatch's 4 B loss value (lossvalues.walked_value_bytes, framework-facts §703)
         assert sends_held_bytes(layers[3], layers[3], stage=last, order=order, training=training) == \
-            (logits, layers[3].input_bytes)
+            (logits + 4, layers[3].input_bytes)
         # a middle stage's output is held by its send either way (torch's runtime for several stages a rank)
         assert sends_held_bytes(layers[1], layers[1], stage=middle, order=order, training=training) == \
             (layers[1].output_bytes, layers[1].input_bytes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.cost import runtimes, schedules, splittime, stagesends
+from planner.cost import lossvalues, runtimes, schedules, splittime, stagesends
 from planner.cost.assembly import option_indices, stage_sums
 from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.rules import loss_kept_bytes, outputs_held
@@ -108,13 +108,15 @@ def sends_held_bytes(first: LayerCost, last: LayerCost, *, stage: int, order: sc
     on the same rank (a V's turn) keeps the tensor it was handed in its receive buffer as long
     (measured on the runtime: a rank's live bytes grew by one boundary tensor per send or
     hand-over); and the outputs the schedule itself keeps to the step's end (rules.outputs_held:
-    from a microbatch's backward on, the same tensor its send would hold, counted once)."""
+    from a microbatch's backward on, the same tensor its send would hold, counted once). On a walked schedule's last
+    stage, each microbatch's loss value with its output (lossvalues.walked_value_bytes)."""
     kept = outputs_held(stage, order.num_stages, training, ranks=order.num_ranks)  # the schedule's output_chunks
+    value = lossvalues.walked_value_bytes(stage, order, training)
     if not order.holds_sends or not runtimes.of(training).sends_held_to_step_end:
-        return (last.output_bytes if kept else 0), 0
+        return (last.output_bytes if kept else 0) + value, 0
     output = last.output_bytes if stage + 1 < order.num_stages or kept else 0
     input_grad = first.input_bytes if stage > 0 else 0
-    return output, input_grad
+    return output + value, input_grad
 
 
 def loss_freed_at_input_pass_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from planner.cost import allocator, dataparallel, runtimes
+from planner.cost import allocator, dataparallel, lossvalues, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.fsdp2_events import DEFAULT, MAX_STEPS, STEPS, Fsdp2Stage, _PipelineStep
 from planner.schema import Profile, StagePlan, TrainSetup
@@ -232,6 +232,9 @@ def rank_of(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: TrainS
                             scratch_per_param=scratch_per_param)
         sums = stage_sums(layers, options, stage=stage, profile=profile, setup=view)
         output, input_grad = sends_held_bytes(layers[0], layers[-1], stage=stage, order=order, training=setup.training)
+        # the replay allocates the held output as one tensor of its own size: the loss value that rides with it in
+        # the cost model's counts (lossvalues.walked_value_bytes) is a 4 B tensor of the small pool, not part of it
+        output -= lossvalues.walked_value_bytes(stage, order, setup.training)
         loss_extra = stage_value("extra", stage, Context(profile, view)) - fsdp_unit_loss_bytes(profile, stage, view) \
             if stage == last_stage else 0.0
         chunks.append(with_ends(Fsdp2Stage(
