@@ -371,15 +371,14 @@ def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> 
 def batch_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """The data the schedule holds: torch's pipelining the whole batch, inputs on the first stage
     and targets on the last; Megatron-LM one microbatch per forward (the inputs are the first
-    layer's, the targets of those in flight stay); ColossalAI the whole batch on every stage;
-    DeepSpeed a microbatch per pipe buffer."""
+    layer's, the targets of those in flight stay); ColossalAI and torchtitan the whole batch on every stage
+    (torchtitan b5bcd76c with its positions, the inputs' shape and dtype); DeepSpeed a microbatch per pipe buffer."""
     first, last = stage == 0, stage == setup.pipeline.stages - 1
-    inputs, targets = profile.batch_input_bytes, profile.batch_target_bytes
-    kind = runtime_facts(setup).batch_held
-    if kind == "in-flight-targets":
+    inputs, targets, facts = profile.batch_input_bytes, profile.batch_target_bytes, runtime_facts(setup)
+    if (kind := facts.batch_held) == "in-flight-targets":
         return in_flight(setup.pipeline, stage) * targets * last
     if kind == "every-stage":
-        return setup.pipeline.microbatches * (inputs + targets)
+        return setup.pipeline.microbatches * (inputs * (1 + facts.batch_positions) + targets)
     held = pipe_buffers(stage, setup.pipeline) if kind == "pipe-buffers" else setup.pipeline.microbatches
     return held * (inputs * first + targets * last)
 
