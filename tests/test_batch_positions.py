@@ -40,3 +40,11 @@ def test_torch_pipelining_alone_still_splits_the_batch_between_the_ends():
     # ckplan's own runtime (torch's pipelining, the whole-batch record): inputs on the first, labels on the last
     held = [batch_bytes(_profile(), stage, _setup("ckplan", None)) for stage in range(3)]
     assert held == [4 * 65536, 0, 4 * 65536]
+
+
+def test_a_rank_of_several_stages_holds_its_batch_once():
+    # interleaved 1F1B, 2 ranks x 2 chunks: the cost model's 4 stages (chunked.stages_view), rank r holding r and r + 2;
+    # the trainer moves the batch to the device once a rank, so only each rank's chunk 0 (stages 0 and 1) holds it
+    view = TrainSetup(stages=4, microbatches=4, micro_batch_size=1, mem_caps_bytes=[2**40] * 4, runtime="torchtitan",
+                      runtime_version="b5bcd76c", schedule="interleaved-1F1B", chunks=2)
+    assert [batch_bytes(_profile(), stage, view) for stage in range(4)] == [786432, 786432, 0, 0]

@@ -379,7 +379,7 @@ def batch_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     if (kind := facts.batch_held) == "in-flight-targets":
         return in_flight(setup.pipeline, stage) * targets * last
     if kind == "every-stage":
-        return setup.pipeline.microbatches * (inputs * (1 + facts.batch_positions) + targets)
+        return setup.pipeline.microbatches * (inputs * (1 + facts.batch_positions) + targets) * (stage < setup.pipeline.stages // setup.pipeline.chunks)  # once a rank: its chunk 0
     held = pipe_buffers(stage, setup.pipeline) if kind == "pipe-buffers" else setup.pipeline.microbatches
     return held * (inputs * first + targets * last)
 
