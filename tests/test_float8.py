@@ -439,3 +439,26 @@ def test_megatron_fsdp_casts_its_fp8_shard_once_a_step_and_transposes_every_forw
     assert one.fwd_ms == pytest.approx(record.fwd_ms)
     assert dataparallel.device_step_ms(one.step_ms["adam"] - block.step_ms["adam"], zero1) == \
         pytest.approx(11 * n / 8 / fused * 1e3 + transpose_ms)
+
+
+@pytest.mark.parametrize("gpu, transposed", [("h100", True), ("b200", False)])
+def test_a_fully_recomputed_megatron_fsdp_layer_transposes_twice_a_microbatch_not_three_times(gpu, transposed):
+    # megatron_fsdp.py 492-504 at 92c8482e (framework-facts §673, §676): the post-forward is skipped while the
+    # recompute reruns the unit, so the rerun's transpose (1 + 1 B a weight element) stays on the FP8 parameter and
+    # the backward reuses it: forward 1 + rerun 1 + backward 0 = 2 transposes, where a whole forward for the rerun
+    # beside the backward's own charged 3
+    from planner.cost import costmodel
+    from planner.cost.rules import layer_time_ms, recompute_ms
+
+    profile, _, n, fused = _fp8_weights_case(gpu)
+    fsdp = setup(runtime="megatron", float8=True, fp8_current_scaling=True, dp=8, zero=3, fp8_all_gather=True)
+    made = float8_profile(profile, fsdp)
+    layer = costmodel.layer_costs(made)[1]
+    one = 2 * n / fused * 1e3 if transposed else 0.0  # one transpose of the layer's n FP8 weight elements
+    assert recompute_ms(layer, fsdp, made) == pytest.approx(layer.fwd_ms - one)
+    assert recompute_ms(layer, fsdp) == layer.fwd_ms  # no profile, no GPU: the whole forward, as before
+    from planner.cost import float8 as cost_float8
+
+    record = cost_float8.runtime_profile(profile, fsdp).layers[1].float8  # the passes without a transpose
+    assert layer_time_ms(layer, 1, fsdp, made) == \
+        pytest.approx(record.fwd_ms + record.bwd_ms + record.fwd_ms + 2 * one, rel=1e-9)

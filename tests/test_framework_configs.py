@@ -86,6 +86,9 @@ def per_rank(summary: dict) -> list[tuple[int, int, int]]:
 # Branch boundgrad2: a stage before the last charges its last layer's backward transient less the gradient of its
 # output, which its receive buffer holds (planner/cost/boundgrad.py): gpt3's rank 0 allocated peak - 4,194,304 B (one
 # stage output), its reserve (the replay, which never counted it twice) unchanged.
+# Branch smallterms: torchtitan b5bcd76c's collator hands every stage an int64 positions tensor beside the inputs
+# (collators.py 55-80): each TOML's allocated peak + 8 B a token of its microbatch, 8B + 65,536, 70B + 524,288,
+# 405B + 131,072; the reserves (the 2 MiB rounding) unchanged.
 PINNED = [
     ("--from-megatron", "megatron_llama3_8b_h100_fp8.sh", (), dict(tp=1, pp=1, dp=8, zero=1, microbatches=16),
      # --grad-reduce-in-bf16: 2 B a parameter fewer in static (8.03 G parameters); the fused SwiGLU's and TE's FP8
@@ -97,13 +100,13 @@ PINNED = [
      dict(tp=2, pp=2, dp=2, zero=0, microbatches=4),
      [(412222464, 2149533696, 2193620992), (402803712, 1916358660, 2166358016)]),
     ("--from-torchtitan", "torchtitan_llama3_8b.toml", ("--gpus", "64", "--gpu", "a100-80g"),
-     dict(tp=1, pp=1, dp=64, zero=3, microbatches=1), [(2007565312, 32477258756, 38935724032)]),
+     dict(tp=1, pp=1, dp=64, zero=3, microbatches=1), [(2007565312, 32477324292, 38935724032)]),
     ("--from-torchtitan", "torchtitan_llama3_70b.toml", ("--gpus", "64", "--gpu", "a100-80g"),
-     dict(tp=8, pp=1, dp=8, zero=3, microbatches=1), [(17640734720, 46660648964, 51707379712)]),
+     dict(tp=8, pp=1, dp=8, zero=3, microbatches=1), [(17640734720, 46661173252, 51707379712)]),
     # branch zero3peak: FSDP2's moments at torch 2.13 (planner/cost/fsdpunits.py): a layer's own unsharded gradients
     # are made by its backward, none at its start; the 405B rank's allocated peak 65,031,143,424 -> 64,523,329,540
     ("--from-torchtitan", "torchtitan_llama3_405b.toml", ("--gpus", "128", "--gpu", "h100"),
-     dict(tp=8, pp=1, dp=16, zero=3, microbatches=1), [(50735300608, 64523329540, 71647100928)]),
+     dict(tp=8, pp=1, dp=16, zero=3, microbatches=1), [(50735300608, 64523460612, 71647100928)]),
 ]
 
 

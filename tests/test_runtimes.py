@@ -367,8 +367,10 @@ def test_torchtitan_9dec370_keeps_every_stage_output_to_the_steps_end(tiny, sche
         # and torch before pytorch#164329 keeps each input gradient to the next step: at 1F1B's last
         # steady backward stage 1 (1 in flight) holds 4 beside the one it sends (tests/test_held_input_grads.py)
         grads = 4 * layers[2].input_bytes if stage == 1 and schedule == "1F1B" else 0
-        assert old.buffer_bytes - new.buffer_bytes == kept * out + grads
-        assert old.peak_bytes - new.peak_bytes == kept * out + grads
+        # and b5bcd76c's collator adds a positions tensor, the inputs' shape and dtype, to each of the 5 microbatches
+        # on every stage (tests/test_batch_positions.py)
+        assert old.buffer_bytes - new.buffer_bytes == kept * out + grads - 5 * tiny.batch_input_bytes
+        assert old.peak_bytes - new.peak_bytes == kept * out + grads - 5 * tiny.batch_input_bytes
     assert layers[-1].output_bytes == 2 * 32 * 128 * 2  # the logits: micro-batch x seq x vocab x bf16
     # ckplan's own runtime asks torch for no outputs back; Megatron-LM keeps only each reduced loss
     for runtime in ("ckplan", "megatron"):
@@ -399,10 +401,11 @@ def test_without_a_pipeline_microbatches_are_gradient_accumulation_keeping_no_ou
     layers = layer_costs(tiny)
     costs = [stage_cost(layers, [0] * len(layers), stage=0, profile=tiny,
                         setup=setup(runtime="torchtitan", runtime_version=v, microbatches=4)) for v in ("bbb1b616", "b5bcd76c")]
-    assert costs[0].buffer_bytes == costs[1].buffer_bytes
+    # b5bcd76c's positions beside each microbatch's inputs (tests/test_batch_positions.py)
+    assert costs[1].buffer_bytes - costs[0].buffer_bytes == 4 * tiny.batch_input_bytes > 0
     # bbb1b616 repeats K/V before attention, b5bcd76c passes enable_gqa: each block of the one microbatch in
     # flight keeps K and V at 4 heads, not 2 (2 x 64 tokens x 2 heads x 16 x 2 B; tests/test_repeated_kv.py)
-    assert costs[0].peak_bytes - costs[1].peak_bytes == 2 * (2 * 64 * 2 * 16 * 2)
+    assert costs[0].peak_bytes - costs[1].peak_bytes == 2 * (2 * 64 * 2 * 16 * 2) - 4 * tiny.batch_input_bytes
 
 
 def test_the_whole_block_rerun_skips_the_last_residual_add_on_this_devices_rows():

@@ -41,12 +41,14 @@ def per_rank(source: str, *extra: str) -> list[tuple[int, int, int]]:
 # their tensors and TP + SP's gathered input whole beside the caller's shard: the 70B's 134,217,728 higher, the
 # 405B's 452,984,832 lower, where the freed blocks fall; since its third round TP + SP's row-parallel partial sums
 # beside their reduce-scattered shards: the 70B's 2,147,483,648 lower, the 405B's 75,497,472 higher, likewise)
-PINNED = {"llama3_8b": [(2007565312, 24477148172, 28837937152)],
+PINNED = {"llama3_8b": [(2007565312, 24477213708, 28837937152)],
           # the 70B's reserve settles at the third step (allocator.settled_replay): 37,306,236,928 after two
-          "llama3_70b": [(17640734720, 35960979468, 37643878400)],
+          "llama3_70b": [(17640734720, 35961503756, 37643878400)],
           # branch zero3peak: a layer's own unsharded gradients made by its backward, none at its start (FSDP2's
           # moments, planner/cost/fsdpunits.py): the 405B's allocated peak 116,722,745,344 -> 115,925,762,048
-          "llama3_405b": [(101470601216, 115925762048, 121834045440)]}
+          # branch smallterms: b5bcd76c's positions, 8 B a token beside the inputs (collators.py 55-80), each peak + 8 B x
+          # the microbatch's tokens: 8B + 65,536, 70B + 524,288 (8 x 8,192), 405B + 131,072 (2 x 8,192)
+          "llama3_405b": [(101470601216, 115925893120, 121834045440)]}
 
 
 @pytest.mark.parametrize("function", sorted(PINNED))
@@ -111,9 +113,11 @@ def test_a_toml_in_mains_keys_predicts_as_the_same_toml_in_0_3_0s(tmp_path):
     # again, one stage output: its last block's backward transient less the gradient its receive buffer holds; since
     # §45.boundgrad3 rank 0's peak and reserve 33,554,432 higher, one stage output: microbatch 0's, kept past its
     # backward by Schedule1F1B's warm-up send through the steady phase, 4 microbatches at w = 2: warmupsend.py; and
-    # rank 1's 20 B higher, its four loss values and the backward's seed: lossvalues.py)
+    # rank 1's 20 B higher, its four loss values and the backward's seed: lossvalues.py; since §45.smallterms each
+    # stage's peak 524,288 higher: the whole batch on every stage, b5bcd76c's positions with it, 4 x 8,192 x 8 B x 2 —
+    # rank 0 the positions and labels, rank 1 the inputs and positions: trainer.py 880-888, collators.py 55-80)
     assert per_rank(str(tmp_path / "main.toml")) == per_rank(str(tmp_path / "release.toml")) == [
-        (13551501312, 16152805376, 18001952768), (13551528960, 23779617816, 28330426368)]
+        (13551501312, 16153329664, 18001952768), (13551528960, 23780142104, 28330426368)]
 
 
 def test_tokens_that_are_not_whole_sequences_are_refused():

@@ -313,8 +313,9 @@ def fsdp_transpose_ms(profile: Profile, setup: TrainSetup) -> float:
     parameter's `_transpose = None` (megatron_fsdp.py 492-504, 779-783; keep_fp8_transpose_cache off, §673), so
     TE v2.9's forward makes it for the dgrad (linear.py 393-395, layernorm_linear.py 416-418) and the backward
     makes it again (linear.py 682-685, layernorm_linear.py 690-691; under full recompute the rerun's forward, whose
-    weights are kept to the backward: two a microbatch either way): 1 B read and `fp8_param_transpose_bytes`
-    written a gathered weight element, each, at the fused rate."""
+    weights are kept to the backward: two a microbatch either way, so rules.recompute_ms charges the rerun's whole
+    forward less the backward's): 1 B read and `fp8_param_transpose_bytes` written a gathered weight element, each,
+    at the fused rate."""
     from planner.cost import dataparallel
     from planner.cost.bridgesettings import TN_ONLY_GPUS
     from planner.models.membound_rate import achieved_tbps

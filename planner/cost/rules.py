@@ -134,30 +134,31 @@ def kept_bytes(layer: LayerCost, option: int) -> int:
     return layer.options[option].kept_bytes
 
 
-def recompute_ms(layer: LayerCost, setup: TrainSetup | None = None) -> float:
-    """What checkpointing adds to the layer's backward: the profile's recompute (measured, or from FLOPs),
-    which stops once the last saved tensor is back; a whole forward where it was not measured, or where the
-    runtime reruns whole forwards (recompute_whole_forward: Megatron-LM's, DeepSpeed's and Hugging Face's
-    reentrant checkpoints, torchtitan's early_stop=False at b5bcd76c) and the block is not compiled (a compiled
-    block reruns what the partitioner puts in its backward, the profile's recompute: compiledrerun.py)."""
+def recompute_ms(layer: LayerCost, setup: TrainSetup | None = None, profile: Profile | None = None) -> float:
+    """What checkpointing adds to the layer's backward: the profile's recompute (measured, or from FLOPs), which stops once
+    the last saved tensor is back; a whole forward where it was not measured, or where the runtime reruns whole forwards
+    (recompute_whole_forward: Megatron-LM's, DeepSpeed's and Hugging Face's reentrant checkpoints, torchtitan's early_stop=
+    False at b5bcd76c) and the block is not compiled (compiledrerun.py: the partitioner's rerun, the profile's recompute),
+    less the backward's FP8 weight transposes where the rerun's serve it (Megatron-FSDP on Hopper, fsdp_transpose_ms)."""
     whole = setup is not None and runtime_facts(setup).recompute_whole_forward and \
         not compiledrerun.rerun_partitioned(layer.kind, setup.training)
-    return layer.fwd_ms if layer.recompute_ms is None or whole else layer.recompute_ms
+    if layer.recompute_ms is not None and not whole:
+        return layer.recompute_ms
+    from planner.cost.float8 import fsdp_transpose_ms  # float8 imports modules that import this one
+    return layer.fwd_ms - (fsdp_transpose_ms(profile, setup) * layer.float8_param_count if whole and profile else 0.0)
 
 
-def option_recompute_ms(layer: LayerCost, option: int, setup: TrainSetup | None = None) -> float:
+def option_recompute_ms(layer: LayerCost, option: int, setup: TrainSetup | None = None, profile: Profile | None = None) -> float:
     """What option `option` adds to the layer's backward: nothing for none, recompute_ms for
     full, the option's own (measured, or from its FLOPs) for a selective one."""
     if option == 0:
         return 0.0
-    if option == 1:
-        return recompute_ms(layer, setup)
-    return layer.options[option].recompute_ms
+    return recompute_ms(layer, setup, profile) if option == 1 else layer.options[option].recompute_ms
 
 
-def layer_time_ms(layer: LayerCost, option: int, setup: TrainSetup | None = None) -> float:
+def layer_time_ms(layer: LayerCost, option: int, setup: TrainSetup | None = None, profile: Profile | None = None) -> float:
     """Forward + backward, plus what the option recomputes."""
-    return layer.fwd_ms + layer.bwd_ms + option_recompute_ms(layer, option, setup)
+    return layer.fwd_ms + layer.bwd_ms + option_recompute_ms(layer, option, setup, profile)
 
 
 def compute_ms(time_ms: float, time: TimeConstants) -> float:
@@ -371,15 +372,14 @@ def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> 
 def batch_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """The data the schedule holds: torch's pipelining the whole batch, inputs on the first stage
     and targets on the last; Megatron-LM one microbatch per forward (the inputs are the first
-    layer's, the targets of those in flight stay); ColossalAI the whole batch on every stage;
-    DeepSpeed a microbatch per pipe buffer."""
+    layer's, the targets of those in flight stay); ColossalAI and torchtitan the whole batch on every stage
+    (torchtitan b5bcd76c with its positions, the inputs' shape and dtype); DeepSpeed a microbatch per pipe buffer."""
     first, last = stage == 0, stage == setup.pipeline.stages - 1
-    inputs, targets = profile.batch_input_bytes, profile.batch_target_bytes
-    kind = runtime_facts(setup).batch_held
-    if kind == "in-flight-targets":
+    inputs, targets, facts = profile.batch_input_bytes, profile.batch_target_bytes, runtime_facts(setup)
+    if (kind := facts.batch_held) == "in-flight-targets":
         return in_flight(setup.pipeline, stage) * targets * last
     if kind == "every-stage":
-        return setup.pipeline.microbatches * (inputs + targets)
+        return setup.pipeline.microbatches * (inputs * (1 + facts.batch_positions) + targets) * (stage < setup.pipeline.stages // setup.pipeline.chunks)  # once a rank: its chunk 0
     held = pipe_buffers(stage, setup.pipeline) if kind == "pipe-buffers" else setup.pipeline.microbatches
     return held * (inputs * first + targets * last)
 

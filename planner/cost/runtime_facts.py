@@ -55,11 +55,9 @@ class RuntimeFacts:
     # -- torch.compile (--compile; read by runtimes.refused_settings)
     compiles_model: bool
     """The runtime has a setting that torch.compiles the model's layers (torchtitan's compile.enable,
-    each TransformerBlock); False: it runs them eager whatever its config says, and --compile is
-    refused, saying `runs_instead`."""
+    each TransformerBlock); False: it runs them eager whatever its config says, and --compile is refused, saying `runs_instead`."""
     runs_instead: str
-    """What the runtime runs in place of a compiled model (the refusal of --compile says it); empty
-    where it compiles."""
+    """What the runtime runs in place of a compiled model (the refusal of --compile says it); empty where it compiles."""
 
     # -- saved tensors under TP/SP
     tp_saves_gathered_input: bool
@@ -80,7 +78,8 @@ class RuntimeFacts:
     batch_held: str
     """The data the schedule holds: "whole-batch" (inputs on the first stage, targets on the last),
     "in-flight-targets" (a microbatch per forward; the targets of those in flight on the last stage),
-    "every-stage" (the whole batch on every stage), "pipe-buffers" (a microbatch per pipe buffer)."""
+    "every-stage" (the whole batch on every stage), "pipe-buffers" (a microbatch per pipe buffer); with
+    batch_positions, a positions tensor of the inputs' shape and dtype beside each microbatch's inputs."""
     sends_held_to_step_end: bool
     """Several stages per rank: each send's tensor is held until the step ends."""
     # -- recompute behaviour
@@ -415,6 +414,7 @@ class RuntimeFacts:
     fp8_param_transpose_bytes: int = 0
     """Beside them, on a GPU whose FP8 GEMMs take only the TN layout (Hopper), the Float8Tensor's transpose TE
     creates for the backward's GEMMs and keeps on the parameter (1); Blackwell uses the one copy for both."""
+    batch_positions: bool = False  # the batch holds positions beside its inputs (batch_held)
     te_weight_workspace_bytes: int = 0
     """Under Transformer Engine's Float8 without FP8 parameters, the FP8 copy of each Float8 linear's weight TE
     caches across microbatches (its "weight" workspace), bytes per weight parameter beside the bf16 one (1; its

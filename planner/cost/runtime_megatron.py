@@ -345,7 +345,7 @@ def megatron() -> RuntimeFacts:
             "input_receive_buffers": f"megatron/core/pipeline_parallel/schedules.py, {MEGATRON_V}",
             "output_grad_buffers_per_microbatch": f"megatron/core/pipeline_parallel/schedules.py, {MEGATRON_V}",
             "frees_sent_output": f"megatron/core/pipeline_parallel/schedules.py 171-190 (deallocate_output_tensor), {MEGATRON_V}",
-            "batch_held": f"megatron/core/pipeline_parallel/schedules.py (a microbatch per forward), {MEGATRON_V}",
+            "batch_held": f"megatron/core/pipeline_parallel/schedules.py (a microbatch per forward), {MEGATRON_V}", "batch_positions": "not read: get_batch's position_ids, loss_mask and attention_mask beside tokens and labels are not charged (docs/framework-facts.md §679 read the tokens and labels)",
             "sends_held_to_step_end": f"megatron/core/pipeline_parallel/schedules.py, {MEGATRON_V}",
             "warmup_send_held": f"its own schedules.py (no torch Schedule1F1B: a sent output is freed, frees_sent_output), {MEGATRON_V}",
             "loss_values_held": f"its own schedules.py (each microbatch's reduced loss: not read as this fact, none charged), {MEGATRON_V}",

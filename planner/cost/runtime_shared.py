@@ -31,6 +31,7 @@ TORCH_PIPELINING_SOURCES = {
     "output_grad_buffers_per_microbatch": f"torch/distributed/pipelining/stage.py 1285-1291, {TORCH_V}",
     "frees_sent_output": f"torch/distributed/pipelining/stage.py 902-916, 966 (fwd_cache to the backward), {TORCH_V}",
     "batch_held": f"torch/distributed/pipelining/schedules.py 489-499 (the whole batch split), {TORCH_V}",
+    "batch_positions": "the model file's batch (inputs, targets) as ckplan's runtime loads it (planner/runtime/worker.py replica_batch): no positions",
     "logits_held_in_backward": f"torch/distributed/pipelining/stage.py 961-991 (backward_one_chunk pops the stage output "
                                f"from fwd_cache and holds it to the end of the last stage's backward), {TORCH_V}",
     "sends_held_to_step_end": "measured on ckplan's runtime (torch's _PipelineScheduleRuntime waits for sends at the step end)",

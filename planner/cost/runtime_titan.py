@@ -125,6 +125,21 @@ _TITAN_EARLY_STOP = {
     "b5bcd76c": "torchtitan/distributed/activation_checkpoint.py 180, 285 (early_stop=False), b5bcd76c; a compiled "
                 "block's rerun is the partitioner's whatever early_stop says (planner/cost/compiledrerun.py)",
 }
+# every pipeline stage moves the whole batch, inputs and labels, to the device before the schedule takes its
+# share (views: torch's pipelining splits by tensor_split); b5bcd76c a step's group of microbatches at a time,
+# with a third int64 tensor of positions, one a token, every stage's kwargs (docs/framework-facts.md §707, §708)
+_TITAN_BATCH = {
+    "9dec370": "torchtitan 9dec370 train.py 259-265 (input_ids, labels .to(device_type) before the pipeline branch)",
+    "bbb1b616": "torchtitan bbb1b616 torchtitan/train.py 305-308 (inputs and labels to the device on every stage)",
+    "2c8b5947": "torchtitan 2c8b5947 torchtitan/train.py 393-397 (inputs and labels to the device on every stage)",
+    "b5bcd76c": "torchtitan b5bcd76c torchtitan/trainer.py 880-888 (each group's microbatches to the device on every stage)"}
+_TITAN_POSITIONS = {
+    **dict.fromkeys(("9dec370", "bbb1b616"), "no positions: the dataset yields (input, label) (torchtitan/datasets/"
+                    "hf_datasets.py 127)"),
+    "2c8b5947": "no positions: the dataset yields ({\"input\": input}, label) (torchtitan/datasets/hf_datasets.py 138)",
+    "b5bcd76c": "torchtitan/components/data/collators.py 55-80 (TextCollator: positions by torch.arange, int64, the "
+                "inputs' length), trainer.py 672-748 (every batch key but input a model kwarg), 805-830 (kwarg_mbs to "
+                "every stage) at b5bcd76c"}
 _TITAN_CLIP_BYTES = 12
 _TITAN_FOREACH_ADAMW_EXTRA_BYTES = 80 - 28
 
@@ -141,7 +156,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=8.0, kept_counts_logits=False),
         loss_compiled=COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
         compiles_model=True, runs_instead="",
-        **TORCH_PIPELINING, logits_held_in_backward="pipeline", recompute_whole_forward=version == "b5bcd76c", outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
+        **{**TORCH_PIPELINING, "batch_held": "every-stage"}, batch_positions=version == "b5bcd76c", logits_held_in_backward="pipeline", recompute_whole_forward=version == "b5bcd76c", outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
         cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", cp_compiled_waits_at_issue=version == "9dec370",
@@ -249,7 +264,7 @@ def torchtitan(version: str) -> RuntimeFacts:
             "runs_instead": "it compiles (compiles_model)",
             "tp_saves_gathered_input": f"parallelize_llama.py 117-191 (apply_tp), {_TITAN_OLD}; torch/distributed/"
                                        f"tensor/parallel/style.py 95-117 (redistribute to Replicate), {TORCH_V}",
-            **TORCH_PIPELINING_SOURCES,
+            **TORCH_PIPELINING_SOURCES, "batch_held": _TITAN_BATCH[version], "batch_positions": _TITAN_POSITIONS[version],
             "outputs_held_to_step_end": _TITAN_OUTPUTS[version][1],
             "logits_held_in_backward": ("torchtitan/train.py forward_backward_step: without PP `del pred` (\"need to free "
                                         "pred before bwd to avoid peaking memory\") before `loss.backward()`; with PP "

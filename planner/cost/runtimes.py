@@ -254,7 +254,7 @@ def _deepspeed_newest() -> RuntimeFacts:
             "input_receive_buffers": f"deepspeed/runtime/pipe/schedule.py 247-256 (num_pipe_buffers), {_DS_V}",
             "output_grad_buffers_per_microbatch": f"deepspeed/runtime/pipe/engine.py (one gradient buffer), {_DS_V}",
             "frees_sent_output": f"deepspeed/runtime/pipe/engine.py (outputs kept to their backward), {_DS_V}",
-            "batch_held": f"deepspeed/runtime/pipe/engine.py (microbatches loaded into the pipe buffers), {_DS_V}",
+            "batch_held": f"deepspeed/runtime/pipe/engine.py (microbatches loaded into the pipe buffers), {_DS_V}", "batch_positions": "not read: the model file's batch (inputs, targets), as ckplan profiles it",
             "sends_held_to_step_end": "DeepSpeed runs one stage per rank", "warmup_send_held": "its own TrainSchedule (no torch Schedule1F1B)", "loss_values_held": "its own TrainSchedule (not read: none charged)",
             "outputs_held_to_step_end": "not read beyond its pipe buffers (charged there): none charged",
             "logits_held_in_backward": f"deepspeed/runtime/pipe/engine.py (the last stage's outputs stay in its pipe "
@@ -343,7 +343,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "input_receive_buffers": "colossalai/pipeline/schedule/one_f_one_b.py 0.5",
             "output_grad_buffers_per_microbatch": "colossalai/pipeline/schedule/one_f_one_b.py 0.5",
             "frees_sent_output": "colossalai/pipeline/schedule/one_f_one_b.py 0.5 (output_objs to the backward)",
-            "batch_held": "colossalai/pipeline/schedule/one_f_one_b.py 0.5 (load_batch on every stage)",
+            "batch_held": "colossalai/pipeline/schedule/one_f_one_b.py 0.5 (load_batch on every stage)", "batch_positions": "not read: the model file's batch (inputs, targets), as ckplan profiles it",
             "sends_held_to_step_end": "one stage per rank", "warmup_send_held": "its own one_f_one_b.py schedule (no torch Schedule1F1B)", "loss_values_held": "its own one_f_one_b.py schedule (not read: none charged)",
             "outputs_held_to_step_end": "not read: none charged",
             "logits_held_in_backward": "not read: held (the stage output's 1x stays to the stage's backward's end)",

@@ -216,7 +216,7 @@ TERMS: tuple[Term, ...] = (
     *(Term(*row) for row in deepspeed_ckpt.ROWS),  # DeepSpeed's cpu_checkpointing (planner/cost/deepspeed_ckpt.py)
     *(Term(*row) for row in (*eager_norm.ROWS, *head_scatter.ROWS, *compiled_block.ROWS)),  # eager head, compiled block
     Term("forward, backward, recompute", "time", "layer",
-         lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup.time),
+         lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup, ctx.profile), ctx.setup.time),
          "timed per layer (profiler), times the calibrated compute scale"),
     Term("DeepSpeed ZeRO 3's third gather of a block's rerun submodules (released after their recompute)", "time",
          "layer", lambda layer, ckpt, ctx: deepspeed_terms.third_gather_ms(layer, int(ckpt), ctx.profile, ctx.setup),
