@@ -164,16 +164,15 @@ def example_batch(micro_batch_size):
 '''
 
 
-def test_profile_says_a_model_files_frozen_parameters_are_charged_as_trained(tmp_path):
+def test_profile_says_a_model_files_frozen_parameters_are_charged_as_frozen(tmp_path):
     """A fine-tuning model file (embedding and two blocks frozen, requires_grad False): the profile timed their step
     as none but every plan charged them a gradient and Adam's states (stage 0's static 5,271,552 B = 329,472 x 16 where
-    they hold 1,317,888), and `launch` stopped at torch's MemTracker, all unsaid; now the profile names the layers and
-    the count (72 + 8 here) and what is not modelled."""
+    they hold 1,317,888), and `launch` stopped at torch's MemTracker, all unsaid; the profile names the layers and
+    the count (72 + 8 here) and, since §45.frozen, that they are charged as frozen (tests/test_frozen.py)."""
     path = tmp_path / "frozen.py"
     path.write_text(_FROZEN_FILE)
     said = " ".join(run_ok("profile", path, "--micro-batch-size", "2", "--out", tmp_path / "p.json").output.split())
-    assert "layers 0, 2 hold 80 parameters with requires_grad False: not modelled as frozen" in said, said
-    assert "16 B where a frozen parameter holds its 4 B" in said
+    assert "layers 0, 2 hold 80 parameters with requires_grad False: charged as frozen" in said, said
 
 
 def test_profile_hf_config_says_deepseeks_mtp_modules_are_not_planned(tmp_path):

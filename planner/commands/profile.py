@@ -197,10 +197,8 @@ def _check_model(loaded, model, layers, inputs) -> None:
     if frozen:
         shown = ", ".join(fqn for fqn, _ in frozen[:4]) + (f" and {len(frozen) - 4} more" if len(frozen) > 4 else "")
         warn(f"layers {shown} hold {sum(count for _, count in frozen):,} parameters with requires_grad False: "
-             "not modelled as frozen, every plan charges each a gradient and the optimizer's states as a trained "
-             "one (fp32 Adam: 16 B where a frozen parameter holds its 4 B), and `ckplan launch` on the CPU (one stage a "
-             "rank) stops at the first stage holding one (torch's MemTracker hooks every parameter's gradient: \"cannot register "
-             "a hook on a tensor that doesn't require gradient\")")
+             "charged as frozen, their weights held but no gradient nor optimizer state (the profile's "
+             "trained_param_count); `ckplan launch` trains only the others")
     inside = modelfile.checkpointed_inside(layers)
     if inside:
         shown = ", ".join(inside[:4]) + (f" and {len(inside) - 4} more" if len(inside) > 4 else "")

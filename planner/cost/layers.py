@@ -98,6 +98,9 @@ class LayerCost:
     # of transient_bytes, the gradient of its output its backward runs on (the profile's incoming_grad_bytes, by
     # kind: max(T) - max(T - r), the kind's transient being its layers' max): planner/cost/boundgrad.py
     incoming_grad_bytes: int = 0
+    # of param_count, those this layer holds frozen (requires_grad False: the profile's param_count less its
+    # trained_param_count; 0 where it records none): held as weights, no gradient nor optimizer state
+    frozen_param_count: int = 0
 
     def step_at(self, optimizer: str, threads: int | None) -> float:
         """The optimizer's step over the layer at `threads` torch threads (None: as profiled): linear between the
@@ -238,8 +241,17 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
     return [LayerCost(name=layer.name, kind=layer.kind, variant=layer.variant,
                       **{**per_kind[layer.kind, layer.variant],
                          "act_bytes": per_kind[layer.kind, layer.variant]["act_bytes"] - shared},
-                      output_shared_bytes=shared, tied=tied.get(layer.name, ()), shared_before=before.get(layer.name, 0))
+                      output_shared_bytes=shared, tied=tied.get(layer.name, ()), shared_before=before.get(layer.name, 0),
+                      frozen_param_count=frozen_count(layer))
             for layer, shared in zip(profile.layers, out)]
+
+
+def frozen_count(layer) -> int:
+    """A profile layer's frozen parameters (requires_grad False), its own and not its kind's: a kind's frozen
+    blocks and trained ones share their times, never their gradients. 0 where the profile records no trained count
+    (analytic profiles, those made before: every parameter trained)."""
+    trained = layer.trained_param_count
+    return 0 if trained is None else max(0, layer.param_count - trained)
 
 
 def shared_out(layers) -> list[int]:

@@ -17,6 +17,7 @@ from planner.cost import (
     deepspeed_step,
     deepspeed_terms,
     eager_norm,
+    frozen,
     fsdp2work,
     gradtiming,
     head_scatter,
@@ -129,7 +130,9 @@ TERMS: tuple[Term, ...] = (
     # -- every layer of the stage
     Term("weights, gradients, optimizer state", "static", "layer",
          lambda layer, ckpt, ctx: static_bytes(layer, ctx.setup) + stepcounts.layer_bytes(layer, ctx.profile, ctx.setup)
-         - bridgeterms.fp8_param_saving_bytes(layer.float8_param_count, ctx.setup, ctx.profile),
+         - bridgeterms.fp8_param_saving_bytes(layer.float8_param_count, ctx.setup, ctx.profile)
+         - frozen.frozen_saving_bytes(layer.frozen_param_count, ctx.setup),
+         "frozen parameters (requires_grad False) at their weights alone (frozen.frozen_saving_bytes, §710); "
          "bytes per parameter by precision and optimizer, ZeRO and offload (dataparallel.bytes_per_param), the "
          "optimizer's own whole fp32 gradients where the record keeps them (hp_grad_bytes: DeepSpeed 56c52238's "
          "BF16_Optimizer); FP8 primary weights (Megatron-LM's --fp8-param-gather) at the record's fp8_param_bytes (+ a transpose on Hopper: bridgeterms.fp8_param_saving_bytes); Adam's step counts on a CPU device (stepcounts.py, §382)"),

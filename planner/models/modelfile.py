@@ -367,7 +367,7 @@ def _checkpoints(module: nn.Module) -> bool:
 
 def frozen_parameters(layers: Layers) -> list[tuple[str, int]]:
     """Each layer holding parameters with requires_grad False (a frozen backbone, a fixed embedding), with their
-    count. The measured profile times their step as none (measure.py steps what requires a gradient), but its
-    param_count, and so every plan's static bytes, holds them as trained parameters."""
+    count. The measured profile times their step as none (measure.py steps what requires a gradient) and records
+    each layer's trained count beside its param_count (trained_param_count), so plans hold them as weights alone."""
     counts = [(fqn, sum(p.numel() for p in layer.parameters() if not p.requires_grad)) for fqn, layer in layers]
     return [(fqn, count) for fqn, count in counts if count]

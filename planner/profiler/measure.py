@@ -342,6 +342,7 @@ class _TimedLayer:
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0),
             param_tensors=sum(p.requires_grad for p in params),
+            trained_param_count=sum(p.numel() for p in params if p.requires_grad),
             lookup_param_count=lookup_param_count(self.layer),
             buffer_bytes=buffer_bytes(self.layer),
             expert_param_count=routing.expert_param_count if routing else 0,

@@ -35,7 +35,7 @@ class PeakMemory:
             from torch.distributed._tools.mem_tracker import MemTracker
 
             self._tracker = MemTracker()
-            if not self.module_hooks:
+            if not self.module_hooks or _holds_frozen(self.external):
                 self._tracker._mod_tracker = _NoModules()
             if self.external:
                 self._tracker.track_external(*self.external)
@@ -51,6 +51,15 @@ class PeakMemory:
         self._tracker.__exit__(*exc_info)
         snapshot = self._tracker.get_tracker_snapshot("peak")
         self.peak_bytes = int(sum(stats["Total"] for dev, stats in snapshot.items() if dev.type == "cpu"))
+
+
+def _holds_frozen(external: Iterable[object]) -> bool:
+    """Whether a tracked module holds a parameter with requires_grad False (a fine-tuning model's frozen
+    backbone): torch 2.13's MemTracker, at each module's forward, registers a gradient hook on every parameter
+    of it (mem_tracker.py _track_module_params_and_buffers, §711), which torch refuses on a tensor that does
+    not require a gradient; such a stage is followed by its tensors only (_NoModules), the same peak."""
+    return any(isinstance(obj, torch.nn.Module) and any(not param.requires_grad for param in obj.parameters())
+               for obj in external)
 
 
 class _NoModules:

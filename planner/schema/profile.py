@@ -305,6 +305,10 @@ class LayerProfile(Strict):
     # its trained parameter tensors (measured profiles; 0 in analytic ones and older profiles): torch's Adam
     # keeps a step count per tensor, on the CPU (planner/cost/stepcounts.py)
     param_tensors: Count = 0
+    # of param_count, those it trains (requires_grad True; measured profiles of a model file that freezes some):
+    # a frozen weight is held whole, but makes no gradient and torch's optimizers keep no state for it. None in
+    # analytic profiles and those made before: every parameter trained
+    trained_param_count: Count | None = None
     transient_bytes: Bytes  # extra peak during this layer's forward or backward beyond what is kept
     # of transient_bytes, the bytes that are the gradient of its output its backward runs on: the transient less
     # the transient without that gradient (measure._transient_parts; an analytic block's boundary_bytes, its

@@ -1,0 +1,130 @@
+"""Frozen parameters (requires_grad False): the profile records each layer's trained count, the static term holds
+a frozen parameter's weights alone (no gradient, no optimizer state: §710), and the runtime trains such a model
+(torch 2.13's MemTracker hooks every parameter of a module it follows: §711)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fixtures.cli import run_ok
+from test_costmodel import four_layers, setup, stage_of
+
+from planner import io
+from planner.cost import costmodel, frozen
+from planner.cost.layers import layer_costs
+from planner.runtime.memtrack import PeakMemory
+
+
+def _frozen_four(*names: str):
+    """test_costmodel's four layers, `names` frozen whole (trained_param_count 0), the rest trained (their count)."""
+    profile = four_layers()
+    layers = [layer.model_copy(update={"trained_param_count": 0 if layer.name in names else layer.param_count})
+              for layer in profile.layers]
+    return profile.model_copy(update={"layers": layers})
+
+
+@pytest.mark.parametrize("changes, frozen_bytes, trained_bytes", [
+    ({}, 4, 16),  # fp32 Adam: 4 weights; + 4 gradient + 8 (m, v)
+    ({"dp": 4, "zero": 1}, 4, 4 + 4 + 8 / 4),  # the optimizer state sharded over 4
+    ({"dp": 4, "zero": 3}, 1, 16 / 4),  # everything sharded: a frozen shard 4 / 4
+    ({"precision": "bf16-mixed", "dp": 4, "zero": 2}, 2 + 2 / 4, None),  # FSDP2's gathered weights + its shard
+])
+def test_a_stage_holds_frozen_weights_alone(changes, frozen_bytes, trained_bytes):
+    """embed (65,536) and blocks.0 (131,072) frozen on stage 0, blocks.1 (same kind, trained) and head (32,768) on
+    stage 1: by hand, 196,608 x the weights' bytes, and 163,840 x every byte a trained parameter holds."""
+    profile, s = _frozen_four("embed", "blocks.0"), setup(2, **changes)
+    assert stage_of(profile, s, 0, ["embed", "blocks.0"], []).static_bytes == pytest.approx(196608 * frozen_bytes)
+    trained = costmodel.bytes_per_param(s) if trained_bytes is None else trained_bytes
+    assert stage_of(profile, s, 1, ["blocks.1", "head"], []).static_bytes == pytest.approx(163840 * trained)
+
+
+@pytest.mark.parametrize("changes", [{}, {"dp": 4, "zero": 1, "offload": True}, {"dp": 4, "zero": 2},
+                                     {"precision": "bf16-mixed", "dp": 4, "zero": 3}])
+def test_a_trained_parameter_holds_a_frozen_ones_weights_and_more(changes):
+    """What a frozen parameter is spared and its weights make bytes_per_param whole, under every sharding."""
+    s = setup(1, **changes)
+    spared = frozen.trained_bytes_per_param(s)
+    frozen_profile = _frozen_four("head")
+    head = stage_of(frozen_profile, s, 0, ["head"], []).static_bytes
+    assert 0 < spared < costmodel.bytes_per_param(s)
+    assert head == pytest.approx(32768 * (costmodel.bytes_per_param(s) - spared))
+
+
+def test_a_profile_without_trained_counts_trains_every_parameter():
+    """Analytic profiles and those made before the field: every parameter charged as trained, as before."""
+    assert [layer.frozen_param_count for layer in layer_costs(four_layers())] == [0, 0, 0, 0]
+    frozen_layers = layer_costs(_frozen_four("blocks.0"))  # blocks.1 is of its kind, and trained
+    assert [layer.frozen_param_count for layer in frozen_layers] == [0, 131072, 0, 0]
+
+
+def test_the_tracker_follows_a_stage_holding_frozen_parameters():
+    """torch's MemTracker registered a gradient hook on the frozen weight and raised ("cannot register a hook on a
+    tensor that doesn't require gradient"); now the stage is followed by its tensors, its peak counted."""
+    module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
+    module[0].requires_grad_(False)
+    with PeakMemory("cpu", external=[module]) as mem:
+        module(torch.randn(4, 16)).sum().backward()
+    assert module[0].weight.grad is None and module[1].weight.grad is not None
+    assert mem.peak_bytes >= 2 * (16 * 16 + 16) * 4 + (16 * 16 + 16) * 4  # both weights, the trained gradient
+
+
+_FROZEN_FILE = '''
+import torch
+from torch import nn
+
+
+def build_model():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 2))
+    model[0].requires_grad_(False)  # a frozen backbone: 8 x 8 + 8 = 72 parameters
+    model[2].bias.requires_grad_(False)  # one frozen tensor of a trained layer: 8
+    return model
+
+
+def example_batch(micro_batch_size):
+    return torch.randn(micro_batch_size, 8), torch.randn(micro_batch_size, 2)
+
+
+def loss_fn(output, target):
+    return nn.functional.mse_loss(output, target)
+'''
+
+
+@pytest.fixture(scope="module")
+def frozen_plan(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("frozen")
+    (folder / "frozen.py").write_text(_FROZEN_FILE)
+    said = run_ok("profile", folder / "frozen.py", "--micro-batch-size", "2", "--threads", "1", "--repeats", "1",
+                  "--warmup", "0", "--out", folder / "p.json").output
+    run_ok("solve", "--profile", folder / "p.json", "--mem", "100MiB", "--stages", "2", "--microbatches", "2",
+           "--out", folder / "plan.yaml")
+    return folder, " ".join(said.split())
+
+
+def test_profile_records_trained_counts_and_the_plan_charges_frozen_ones_their_weights(frozen_plan):
+    """Layer 0 (72 frozen), layer 2 (its weight's 64 trained, its bias's 8 frozen), layer 3 (18 trained): stage 0
+    holds 72 x 4 B; stage 1 (8 x 4 + 82 x 16 = 1,344 B) and Adam's step count on the CPU for each of its 2 + 1
+    trained tensors (stepcounts.py)."""
+    folder, said = frozen_plan
+    assert "layers 0, 2 hold 80 parameters with requires_grad False: charged as frozen" in said, said
+    profile = io.load_profile(folder / "p.json")
+    assert [(layer.param_count, layer.trained_param_count) for layer in profile.layers] == [
+        (72, 0), (0, 0), (72, 64), (18, 18)]
+    plan = io.load_plan(folder / "plan.yaml")
+    # by hand, a layer: frozen x 4 B + trained x 16 B + 4 B (Adam's fp32 step count on the CPU) a trained tensor
+    held = {"0": 72 * 4, "1": 0, "2": 8 * 4 + 64 * 16 + 4, "3": 18 * 16 + 2 * 4}
+    assert len(plan.stages) == 2
+    assert [stage.predicted.static_bytes for stage in plan.stages] == [sum(held[name] for name in stage.layers)
+                                                                       for stage in plan.stages]
+
+
+@pytest.mark.slow
+def test_a_launch_trains_a_frozen_model_as_one_process_does(frozen_plan):
+    """`launch --reference` stopped at the first stage holding a frozen parameter (MemTracker's gradient hook); now
+    it trains, each rank's measured static equals the plan's (frozen weights alone: no gradient, no Adam state)."""
+    folder, _ = frozen_plan
+    result = run_ok("launch", folder / "plan.yaml", "--steps", "1", "--warmup-steps", "0", "--reference",
+                    "--report", folder / "run.json")
+    assert "the pipeline trains like one process" in result.output, result.output
+    report, plan = io.load_report(folder / "run.json"), io.load_plan(folder / "plan.yaml")
+    assert [stage.measured.static_bytes for stage in report.stages] == [stage.predicted.static_bytes
+                                                                       for stage in plan.stages]
