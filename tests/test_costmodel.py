@@ -20,6 +20,7 @@ from planner.models.synthetic import layer, profile_of
 from planner.schema import StagePlan, TrainSetup
 
 MIB = 2**20
+LOSS_VALUES = 5 * 4  # the last of 2 stages at M = 4, k = 1: M - k + 2 loss values of 4 B held (lossvalues.py)
 HUGE = 2**50  # a cap nothing reaches
 
 
@@ -152,12 +153,14 @@ def test_first_stage_with_a_checkpointed_layer():
     #               + output(blocks.0) 4              (stage output waits in fwd_cache)
     #               no loss (not last)                                   = 9 MiB
     #   buffers   = M * output(blocks.0) = 4 * 4 = 16 (grad recv, stage < P-1)
-    #               + M * batch_input = 4 * 0.5 = 2    (stage 0)         = 18 MiB
+    #               + M * batch_input = 4 * 0.5 = 2    (stage 0)
+    #               + output(blocks.0) 4: microbatch 0's, held by the last warm-up send's Work through the
+    #                 steady phase (w = 2, M - w = 2 >= w - 1: warmupsend.py)      = 22 MiB
     #   transient = blocks.0, the stage's last layer: its transient 1 + recompute
     #               (10 - 4), nothing after it: 7; embed: 3 - input(blocks.0) 4 < 0
     #               (its weight gradient comes after blocks.0 freed it)  = 7 MiB
     #   scratch   = Adam on cpu: 2 * 4 B * 131072 (blocks.0)              = 1 MiB (< 2 * 9 + 7)
-    #   peak      = 3 + max(2 * 9 + 7, 1) + 18                           = 46 MiB
+    #   peak      = 3 + max(2 * 9 + 7, 1) + 22                           = 50 MiB
     #   time      = (1 + 2) + (2 + 4) + 2 (recompute forward)           = 11 ms
     p = four_layers()
     cost = stage_of(p, setup(2), 0, ["embed", "blocks.0"], ["blocks.0"])
@@ -165,10 +168,10 @@ def test_first_stage_with_a_checkpointed_layer():
     assert cost.in_flight == 2
     assert cost.kept_bytes == 9 * MIB
     assert cost.activation_bytes == 18 * MIB
-    assert cost.buffer_bytes == 18 * MIB
+    assert cost.buffer_bytes == 22 * MIB
     assert cost.transient_bytes == 7 * MIB
     assert cost.step_scratch_bytes == 1 * MIB
-    assert cost.peak_bytes == 46 * MIB
+    assert cost.peak_bytes == 50 * MIB
     assert cost.time_ms == pytest.approx(11.0)
 
 
@@ -177,13 +180,14 @@ def test_first_stage_without_checkpointing():
     #   kept = 2 + 10 - input_in_act(embed) 1 + 4 (output) = 15 MiB
     #   transient = max(embed 3 - act(blocks.0) 10, blocks.0 1) = 1 MiB (the old model's
     #   max_S transient charged embed's 3 on top of every in-flight microbatch)
-    #   peak = 3 + 2 * 15 + 18 + 1 = 52 MiB; time = 3 + 6 = 9 ms
+    #   buffers = 18 + the warm-up send's held output 4 = 22 MiB (test_first_stage_with_a_checkpointed_layer)
+    #   peak = 3 + 2 * 15 + 22 + 1 = 56 MiB; time = 3 + 6 = 9 ms
     p = four_layers()
     cost = stage_of(p, setup(2), 0, ["embed", "blocks.0"], [])
     assert cost.kept_bytes == 15 * MIB
-    assert cost.buffer_bytes == 18 * MIB
+    assert cost.buffer_bytes == 22 * MIB
     assert cost.transient_bytes == 1 * MIB
-    assert cost.peak_bytes == 52 * MIB
+    assert cost.peak_bytes == 56 * MIB
     assert cost.time_ms == pytest.approx(9.0)
 
 
@@ -195,19 +199,19 @@ def test_stage_zero_does_not_keep_its_first_input_twice():
     costs = {c.name: c for c in costmodel.layer_costs(p)}
     assert costmodel.first_layer_kept_bytes(costs["embed"], setup(2)) == -1 * MIB  # min(1, 2)
     assert costmodel.first_layer_kept_bytes(costs["blocks.0"], setup(2)) == -4 * MIB  # min(4, 10)
-    # [embed, blocks.0] on stage 0 of 2 (k = 2): kept 15, peak 52 (test_first_stage_without_checkpointing).
+    # [embed, blocks.0] on stage 0 of 2 (k = 2): kept 15, peak 56 (test_first_stage_without_checkpointing).
     # With embed's input_in_act set to 0 (its saved tensors do not hold its input), nothing
-    # is shared: kept = 2 + 10 + 4 = 16, buffers still 18 (the batch is held either way),
-    # peak = 3 + 2 * 16 + 18 + 1 = 54 = 52 + k * 1
+    # is shared: kept = 2 + 10 + 4 = 16, buffers still 22 (the batch is held either way),
+    # peak = 3 + 2 * 16 + 22 + 1 = 58 = 56 + k * 1
     unshared = p.model_copy(update={"layers": [p.layers[0].model_copy(update={"input_in_act_bytes": 0}),
                                                *p.layers[1:]]})
     cost = stage_of(unshared, setup(2), 0, ["embed", "blocks.0"], [])
-    assert (cost.kept_bytes, cost.buffer_bytes, cost.peak_bytes) == (16 * MIB, 18 * MIB, 54 * MIB)
+    assert (cost.kept_bytes, cost.buffer_bytes, cost.peak_bytes) == (16 * MIB, 22 * MIB, 58 * MIB)
     # blocks.0 opening stage 0 of 2 (k = 2): kept = 10 - input_in_act 4 + output 4 = 10
-    #   static 2; buffers = M * output 4 * 4 + M * batch_input 4 * 0.5 = 18; transient 1
-    #   peak = 2 + 2 * 10 + 18 + 1 = 41 MiB
+    #   static 2; buffers = M * output 4 * 4 + M * batch_input 4 * 0.5 + the held send's output 4 = 22;
+    #   transient 1; peak = 2 + 2 * 10 + 22 + 1 = 45 MiB
     cost = stage_of(p, setup(2), 0, ["blocks.0"], [])
-    assert (cost.kept_bytes, cost.buffer_bytes, cost.peak_bytes) == (10 * MIB, 18 * MIB, 41 * MIB)
+    assert (cost.kept_bytes, cost.buffer_bytes, cost.peak_bytes) == (10 * MIB, 22 * MIB, 45 * MIB)
 
 
 def test_last_stage_without_checkpointing():
@@ -218,18 +222,20 @@ def test_last_stage_without_checkpointing():
     #               + output(head) 1 + loss_bytes 0.25                   = 13.25 MiB
     #   buffers   = (M + 1) * input(blocks.1): recv buffers + the input gradient being sent
     #             = 5 * 4 (no grad-recv buffer on the last stage)        = 20 MiB
+    #               + the loss values held to the step's end beyond the in-flight one's,
+    #                 M - k + 2 = 5 of 4 B (lossvalues.py)                = 20 MiB + 20 B
     #   transient = max(1 - 6 - 0.25, 5 - 0.25): the head's, net of the loss's kept bytes,
     #               freed before the head's backward (measured, tests/test_recompute_options.py) = 4.75 MiB
-    #   peak      = 2.5 + 1 * 13.25 + 20 + 4.75                          = 40.5 MiB
+    #   peak      = 2.5 + 1 * 13.25 + 20 + 4.75                          = 40.5 MiB + 20 B
     #   time      = (2 + 4) + (3 + 6) + loss 0.5                         = 15.5 ms
     p = four_layers()
     cost = stage_of(p, setup(2), 1, ["blocks.1", "head"], [])
     assert cost.static_bytes == 5 * MIB // 2
     assert cost.in_flight == 1
     assert cost.kept_bytes == 53 * MIB // 4
-    assert cost.buffer_bytes == 20 * MIB
+    assert cost.buffer_bytes == 20 * MIB + LOSS_VALUES
     assert cost.transient_bytes == 19 * MIB // 4
-    assert cost.peak_bytes == 162 * MIB // 4
+    assert cost.peak_bytes == 162 * MIB // 4 + LOSS_VALUES
     assert cost.time_ms == pytest.approx(15.5)
 
 
@@ -241,12 +247,12 @@ def test_loss_scratch_is_a_last_stage_transient(loss_scratch_mib, transient_mib,
     #   transient = max(recompute + max_S transient, loss scratch)
     #   stage 1 = [blocks.1, head]: max(max(1, 5) - 0.25 (the loss's kept bytes, freed first), loss)
     #   -> 8 with an 8 MiB loss scratch, else 4.75;
-    #   peak = 2.5 + 13.25 + 20 + transient (test_last_stage_without_checkpointing)
+    #   peak = 2.5 + 13.25 + 20 + transient + the loss values (test_last_stage_without_checkpointing)
     # stage 0 = [embed, blocks.0] keeps max(3 - 10, 1) = 1 whatever the loss needs
     p = four_layers().model_copy(update={"loss_transient_bytes": loss_scratch_mib * MIB})
     last = stage_of(p, setup(2), 1, ["blocks.1", "head"], [])
     assert last.transient_bytes == int(transient_mib * MIB)
-    assert last.peak_bytes == int((2.5 + 13.25 + 20 + transient_mib) * MIB)
+    assert last.peak_bytes == int((2.5 + 13.25 + 20 + transient_mib) * MIB) + LOSS_VALUES
     assert stage_of(p, setup(2), 0, ["embed", "blocks.0"], []).transient_bytes == 1 * MIB
     # head checkpointed: recompute (6 - 4) - 0 = 2 on top of the layers' 5, against the loss's
     ckpt = stage_of(p, setup(2), 1, ["blocks.1", "head"], ["head"])
@@ -258,13 +264,13 @@ def test_last_stage_all_checkpointed():
     #   kept      = input 4 + input 4 - input_in_act(blocks.1) 4 + 1 + 0.25 = 5.25 MiB
     #   recompute = head: (6 - 4) - 0 = 2; blocks.1: (10 - 4) - kept(head) 4 = 2  -> 2
     #   transient = 2 + max(1, 5) - 0.25 (the loss's kept bytes, freed first) = 6.75 MiB
-    #   peak      = 2.5 + 5.25 + 20 + 6.75                                   = 34.5 MiB
+    #   peak      = 2.5 + 5.25 + 20 + 6.75                                   = 34.5 MiB + the loss values 20 B
     #   time      = 15.5 + 2 + 3 (two recompute forwards)                    = 20.5 ms
     p = four_layers()
     cost = stage_of(p, setup(2), 1, ["blocks.1", "head"], ["blocks.1", "head"])
     assert cost.kept_bytes == 21 * MIB // 4
     assert cost.transient_bytes == 27 * MIB // 4
-    assert cost.peak_bytes == 138 * MIB // 4
+    assert cost.peak_bytes == 138 * MIB // 4 + LOSS_VALUES
     assert cost.time_ms == pytest.approx(20.5)
 
 
@@ -317,14 +323,15 @@ def test_optimizer_step_scratch():
 
 def test_a_large_embedding_peaks_at_the_optimizer_step():
     # embed with 4 Mi params (Adam fp32 static 64 MiB) alone on stage 0 of 2, k = 2:
-    #   kept = 2 - 1 + 4 = 5; buffers 18; transient 3 -> training peak 64 + 2 * 5 + 3 + 18 = 95
-    #   step scratch (cpu): 2 * 4 B * 4 Mi = 32 MiB -> peak 64 + max(13, 32) + 18 = 114 MiB
+    #   kept = 2 - 1 + 4 = 5; buffers 18 + the warm-up send's held output 4 = 22; transient 3
+    #   -> training peak 64 + 2 * 5 + 3 + 22 = 99
+    #   step scratch (cpu): 2 * 4 B * 4 Mi = 32 MiB -> peak 64 + max(13, 32) + 22 = 118 MiB
     p = four_layers()
     big = p.model_copy(update={"layers": [p.layers[0].model_copy(update={"param_count": 4 * MIB}), *p.layers[1:]]})
     cost = stage_of(big, setup(2), 0, ["embed"], [])
     assert (cost.static_bytes, cost.transient_bytes, cost.step_scratch_bytes) == (64 * MIB, 3 * MIB, 32 * MIB)
-    assert cost.peak_bytes == 114 * MIB
-    assert stage_of(big, setup(2, optimizer="sgd"), 0, ["embed"], []).peak_bytes == 48 * MIB + 13 * MIB + 18 * MIB
+    assert cost.peak_bytes == 118 * MIB
+    assert stage_of(big, setup(2, optimizer="sgd"), 0, ["embed"], []).peak_bytes == 48 * MIB + 13 * MIB + 22 * MIB
 
 
 # ---------------------------------------------------------------- stage cost, three stages
@@ -333,24 +340,25 @@ def test_a_large_embedding_peaks_at_the_optimizer_step():
 def test_middle_stage():
     # P=3, M=4, 1F1B: stage 1 holds k = min(3 - 1, 4) = 2. stage 1 = [blocks.0, blocks.1]
     #   static  = 2 * 131072 * 16 B = 4 MiB
-    #   buffers = (M + 1) * input(blocks.0) 5 * 4 + M * output(blocks.1) 4 * 4 = 36 MiB
+    #   buffers = (M + 1) * input(blocks.0) 5 * 4 + M * output(blocks.1) 4 * 4
+    #             + the warm-up send's held output 4 (w = 2, M - w = 2 >= w - 1: warmupsend.py) = 40 MiB
     # no checkpointing:
     #   kept = 10 + 10 - input_in_act(blocks.0) 4 + output(blocks.1) 4      = 20 MiB
-    #   transient = 0 + 1; peak = 4 + 2 * 20 + 36 + 1                        = 81 MiB
+    #   transient = 0 + 1; peak = 4 + 2 * 20 + 40 + 1                        = 85 MiB
     #   time = 6 + 6 = 12 ms
     # blocks.1 (last) checkpointed:
     #   kept = 10 + 4 - 4 + 4 = 14; transient = (10 - 4) + 1 = 7
-    #   peak = 4 + 28 + 36 + 7 = 75 MiB; time = 12 + 2 = 14 ms
+    #   peak = 4 + 28 + 40 + 7 = 79 MiB; time = 12 + 2 = 14 ms
     # blocks.0 (the stage's first layer) checkpointed: kept = 4 + 10 - 4 + 4 = 14;
     #   recompute (10 - 4) - act(blocks.1) 10 < 0 -> 0; transient = 1
-    #   peak = 4 + 28 + 36 + 1 = 69 MiB; time 14 ms
+    #   peak = 4 + 28 + 40 + 1 = 73 MiB; time 14 ms
     p = four_layers()
     s = setup(3)
     plain = stage_of(p, s, 1, ["blocks.0", "blocks.1"], [])
-    assert (plain.in_flight, plain.static_bytes, plain.buffer_bytes) == (2, 4 * MIB, 36 * MIB)
-    assert (plain.kept_bytes, plain.transient_bytes, plain.peak_bytes) == (20 * MIB, 1 * MIB, 81 * MIB)
+    assert (plain.in_flight, plain.static_bytes, plain.buffer_bytes) == (2, 4 * MIB, 40 * MIB)
+    assert (plain.kept_bytes, plain.transient_bytes, plain.peak_bytes) == (20 * MIB, 1 * MIB, 85 * MIB)
     assert plain.time_ms == pytest.approx(12.0)
-    for ckpt, transient, peak in ((["blocks.1"], 7, 75), (["blocks.0"], 1, 69)):
+    for ckpt, transient, peak in ((["blocks.1"], 7, 79), (["blocks.0"], 1, 73)):
         cost = stage_of(p, s, 1, ["blocks.0", "blocks.1"], ckpt)
         assert cost.kept_bytes == 14 * MIB
         assert (cost.transient_bytes, cost.peak_bytes) == (transient * MIB, peak * MIB)
@@ -360,16 +368,17 @@ def test_middle_stage():
 def test_three_stage_plan_end_to_end():
     # P=3, M=4, 1F1B; [embed] | [blocks.0, blocks.1] | [head], nothing checkpointed.
     # stage 0: k=3; static 1; kept = 2 - input_in_act(embed) 1 + output 4 = 5;
-    #          buffers = 4 * 4 + 4 * 0.5 = 18; transient 3; peak = 1 + 15 + 18 + 3 = 37 MiB; time 3 ms
-    # stage 1: 81 MiB, 12 ms (test_middle_stage)
-    # stage 2: k=1; static 0.5; kept = 6 - 4 + 1 + 0.25 = 3.25; buffers = 5 * 4 = 20;
-    #          transient 5 - loss 0.25 = 4.75; peak = 0.5 + 3.25 + 20 + 4.75 = 28.5 MiB; time 9 + 0.5 = 9.5 ms
+    #          buffers = 4 * 4 + 4 * 0.5 = 18 (w = 3, M - w = 1 < w - 1: no warm-up send held);
+    #          transient 3; peak = 1 + 15 + 18 + 3 = 37 MiB; time 3 ms
+    # stage 1: 85 MiB, 12 ms (test_middle_stage)
+    # stage 2: k=1; static 0.5; kept = 6 - 4 + 1 + 0.25 = 3.25; buffers = 5 * 4 = 20 + the loss values 20 B;
+    #          transient 5 - loss 0.25 = 4.75; peak = 0.5 + 3.25 + 20 + 4.75 = 28.5 MiB + 20 B; time 9 + 0.5 = 9.5 ms
     # T = (3 + 12 + 9.5) + (4 - 1) * 12 = 60.5 ms
     p = four_layers()
     margin = costmodel.FIT_MARGIN_BYTES  # a plan fits when its peak stays this far below the cap
-    s = setup(3, caps=[37 * MIB + margin, 81 * MIB + margin - 1, 29 * MIB])
+    s = setup(3, caps=[37 * MIB + margin, 85 * MIB + margin - 1, 29 * MIB])
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
-    assert cost.peak_bytes_per_stage == [37 * MIB, 81 * MIB, 114 * MIB // 4]
+    assert cost.peak_bytes_per_stage == [37 * MIB, 85 * MIB, 114 * MIB // 4 + LOSS_VALUES]
     assert [c.time_ms for c in cost.stages] == pytest.approx([3.0, 12.0, 9.5])
     assert [c.in_flight for c in cost.stages] == [3, 2, 1]
     assert cost.iteration_ms == pytest.approx(60.5)
@@ -418,9 +427,11 @@ def test_colossalai_and_deepspeed_pipelines_hold_what_their_code_holds():
     deep = costmodel.evaluate(stages, p, setup(3, runtime="deepspeed"))
     assert [c.buffer_bytes for c in deep.stages] == [11 * MIB // 2, 16 * MIB, 12 * MIB]
     assert deep.peak_bytes_per_stage == [55 * MIB // 2, 69 * MIB, 98 * MIB // 4]
-    # torchtitan runs torch's pipelining: ckplan's own figures (37, 81, 28.5)
+    # torchtitan runs torch's pipelining: ckplan's own figures (37, 85, 28.5 MiB + 20 B), but its trainer puts the
+    # whole batch on every stage, b5bcd76c's positions beside the inputs (M x 0.5 x 2 = 4 MiB: rules.batch_bytes),
+    # where ckplan's runtime holds the inputs on stage 0 only (2 MiB): +2, +4, +4
     assert costmodel.evaluate(stages, p, setup(3, runtime="torchtitan")).peak_bytes_per_stage == \
-        [37 * MIB, 81 * MIB, 114 * MIB // 4]
+        [39 * MIB, 89 * MIB, 130 * MIB // 4 + LOSS_VALUES]
 
 
 @pytest.mark.parametrize("room, fits", [(4096, True), (4095, False), (0, False), (2**20, True)])
@@ -441,12 +452,13 @@ def test_gpipe_holds_every_microbatch_on_every_stage():
     # stage 0: 1 + 4 * 5 + 18 + 3 = 42; stage 1: 4 + 4 * 20 + 32 + 1 = 117;
     # stage 2: 0.5 + 4 * 3.25 + 16 + 4.75 = 34.25 MiB (the head's 5 net of the loss's 0.25). Buffers: 4 receive
     # buffers of the input and, before the last, 4 of the output's gradient; no input gradient being sent: GPipe
-    # peaks at its first backward, before any is made (rules.held_input_grads)
+    # peaks at its first backward, before any is made (rules.held_input_grads); no warm-up send held (GPipe); the
+    # last stage holds M - k + 2 = 2 loss values of 4 B (lossvalues.py)
     p = four_layers()
     s = setup(3, schedule="GPipe")
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
-    assert [c.buffer_bytes for c in cost.stages] == [18 * MIB, 32 * MIB, 16 * MIB]
-    assert cost.peak_bytes_per_stage == [42 * MIB, 117 * MIB, 137 * MIB // 4]
+    assert [c.buffer_bytes for c in cost.stages] == [18 * MIB, 32 * MIB, 16 * MIB + 8]
+    assert cost.peak_bytes_per_stage == [42 * MIB, 117 * MIB, 137 * MIB // 4 + 8]
 
 
 def pipeline_iteration_ms(busy_ms, setup_):
@@ -504,15 +516,15 @@ def test_single_stage_is_both_first_and_last():
 def test_last_stage_holds_the_whole_batch_of_targets():
     # batch_target = 0.75 MiB per microbatch: the last stage's buffers grow by M * 0.75, the
     # other stages' do not. P=3, M=4, 1F1B, [embed] | [blocks.0, blocks.1] | [head]
-    # (test_three_stage_plan_end_to_end): buffers 18, 36, 20 -> 18, 36, 20 + 4 * 0.75 = 23;
-    # peaks 37, 81, 28.5 -> 37, 81, 31.5 MiB (k = 1 does not multiply a buffer)
+    # (test_three_stage_plan_end_to_end): buffers 18, 40, 20 -> 18, 40, 20 + 4 * 0.75 = 23 (+ the loss values);
+    # peaks 37, 85, 28.5 -> 37, 85, 31.5 MiB (k = 1 does not multiply a buffer)
     p = four_layers().model_copy(update={"batch_target_bytes": 3 * MIB // 4})
     stages = plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], []))
     cost = costmodel.evaluate(stages, p, setup(3))
-    assert [c.buffer_bytes for c in cost.stages] == [18 * MIB, 36 * MIB, 23 * MIB]
-    assert cost.peak_bytes_per_stage == [37 * MIB, 81 * MIB, 126 * MIB // 4]
-    # GPipe (k = 4 everywhere): still M * 0.75 = 3 MiB, not k * M: 34.25 -> 37.25 MiB
-    assert costmodel.evaluate(stages, p, setup(3, schedule="GPipe")).peak_bytes_per_stage[2] == 149 * MIB // 4
+    assert [c.buffer_bytes for c in cost.stages] == [18 * MIB, 40 * MIB, 23 * MIB + LOSS_VALUES]
+    assert cost.peak_bytes_per_stage == [37 * MIB, 85 * MIB, 126 * MIB // 4 + LOSS_VALUES]
+    # GPipe (k = 4 everywhere): still M * 0.75 = 3 MiB, not k * M: 34.25 -> 37.25 MiB (+ 2 loss values)
+    assert costmodel.evaluate(stages, p, setup(3, schedule="GPipe")).peak_bytes_per_stage[2] == 149 * MIB // 4 + 8
     # a single stage is first and last: buffers = M * (batch_input 0.5 + batch_target 0.75)
     #   = 2 * 1.25 = 2.5 MiB (M = 2); peak = 39.5 + 1.5 = 41 MiB (test_single_stage_is_both_first_and_last)
     single = costmodel.evaluate(plan((["embed", "blocks.0", "blocks.1", "head"], [])), p, setup(1, 2))
@@ -526,16 +538,16 @@ def test_evaluate_matches_stage_cost_and_split_to_stages():
     assert [(st.layers, st.checkpointed) for st in stages] == [
         (["embed", "blocks.0"], ["blocks.0"]), (["blocks.1", "head"], ["blocks.1"])]
     # caps: 1 MiB above stage 0's need (fits), below stage 1's (does not)
-    cost = costmodel.evaluate(stages, p, setup(2, caps=[47 * MIB, 30 * MIB]))
-    # stage 0: 46 MiB (test_first_stage_with_a_checkpointed_layer); stage 1 with blocks.1 checkpointed:
+    cost = costmodel.evaluate(stages, p, setup(2, caps=[51 * MIB, 30 * MIB]))
+    # stage 0: 50 MiB (test_first_stage_with_a_checkpointed_layer); stage 1 with blocks.1 checkpointed:
     #   kept = 4 + 6 - 4 + 1 + 0.25 = 7.25
     #   transient = max(blocks.1 1 + (10 - 4) - act(head) 6, head 5) - loss 0.25 = 4.75
-    #   peak = 2.5 + 7.25 + 20 + 4.75 = 34.5 MiB
-    assert cost.peak_bytes_per_stage == [46 * MIB, 138 * MIB // 4]
-    assert [c.cap_bytes for c in cost.stages] == [47 * MIB, 30 * MIB]
+    #   peak = 2.5 + 7.25 + 20 + 4.75 = 34.5 MiB + the loss values 20 B
+    assert cost.peak_bytes_per_stage == [50 * MIB, 138 * MIB // 4 + LOSS_VALUES]
+    assert [c.cap_bytes for c in cost.stages] == [51 * MIB, 30 * MIB]
     assert [c.fits for c in cost.stages] == [True, False]
     predicted = costmodel.with_predictions(stages, cost)
-    assert predicted[1].predicted.peak_bytes == 138 * MIB // 4
+    assert predicted[1].predicted.peak_bytes == 138 * MIB // 4 + LOSS_VALUES
     assert predicted[1].predicted.transient_bytes == 19 * MIB // 4
     assert predicted[0].predicted.time_ms == pytest.approx(11.0)
 

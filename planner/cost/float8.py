@@ -320,8 +320,10 @@ def fsdp_transpose_ms(profile: Profile, setup: TrainSetup) -> float:
     from planner.cost.bridgesettings import TN_ONLY_GPUS
     from planner.models.membound_rate import achieved_tbps
 
+    if te_primary_weights(setup) != "megatron-fsdp":  # decided before the profile's GPU is read: a CPU profile has none
+        return 0.0
     record, gpu = runtimes.of(setup.training), dataparallel.profile_gpu(profile)
-    if te_primary_weights(setup) != "megatron-fsdp" or gpu.name not in TN_ONLY_GPUS:
+    if gpu.name not in TN_ONLY_GPUS:
         return 0.0
     return (record.fp8_param_bytes + record.fp8_param_transpose_bytes) / (achieved_tbps(gpu, "fused") * 1e12) * 1e3
 

@@ -138,14 +138,14 @@ def recompute_ms(layer: LayerCost, setup: TrainSetup | None = None, profile: Pro
     """What checkpointing adds to the layer's backward: the profile's recompute (measured, or from FLOPs), which stops once
     the last saved tensor is back; a whole forward where it was not measured, or where the runtime reruns whole forwards
     (recompute_whole_forward: Megatron-LM's, DeepSpeed's and Hugging Face's reentrant checkpoints, torchtitan's early_stop=
-    False at b5bcd76c) and the block is not compiled (compiledrerun.py: the partitioner's rerun, the profile's recompute),
-    less the backward's FP8 weight transposes where the rerun's serve it (Megatron-FSDP on Hopper, fsdp_transpose_ms)."""
-    whole = setup is not None and runtime_facts(setup).recompute_whole_forward and \
-        not compiledrerun.rerun_partitioned(layer.kind, setup.training)
+    False at b5bcd76c) and the block is not compiled (compiledrerun.py: the partitioner's rerun, the profile's recompute), less
+    the backward's FP8 weight transposes where the rerun's serve it (Megatron-FSDP on Hopper, fsdp_transpose_ms)."""
+    whole = setup is not None and runtime_facts(setup).recompute_whole_forward and not compiledrerun.rerun_partitioned(layer.kind, setup.training)
     if layer.recompute_ms is not None and not whole:
         return layer.recompute_ms
-    from planner.cost.float8 import fsdp_transpose_ms  # float8 imports modules that import this one
-    return layer.fwd_ms - (fsdp_transpose_ms(profile, setup) * layer.float8_param_count if whole and profile else 0.0)
+    from planner.cost.float8 import fsdp_transpose_ms  # a cycle otherwise
+    return layer.fwd_ms - (fsdp_transpose_ms(profile, setup) * layer.float8_param_count  # no GPU read without FP8
+                           if whole and profile is not None and layer.float8_param_count else 0.0)
 
 
 def option_recompute_ms(layer: LayerCost, option: int, setup: TrainSetup | None = None, profile: Profile | None = None) -> float:
