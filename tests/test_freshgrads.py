@@ -80,3 +80,19 @@ def test_the_solvers_read_the_same_figure_as_evaluate(solver):
     again = costmodel.evaluate(result.stages, profile, setup)
     assert again.feasible and result.cost.iteration_ms == pytest.approx(again.iteration_ms, rel=1e-9)
     assert result.cost.peak_bytes_per_stage == again.peak_bytes_per_stage
+
+
+def test_the_analytic_embedding_holds_its_tables_gradient_beside_the_outputs_by_hand():
+    """tiny-ep: vocab 256, hidden 64, bf16, 2 x 16 tokens; under TP 2 a rank's table is 128 rows."""
+    from planner.models import archs
+    from planner.profiler import analytic
+    from planner.profiler.analytic import Shape
+
+    tiny = archs.Arch(name="tiny", hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4, num_kv_heads=2,
+                      vocab_size=256, tie_word_embeddings=False)
+    for tp, rows in ((1, 256), (2, 128)):
+        shape = Shape(seq_len=16, micro_batch_size=2, tp=tp)
+        embed = analytic.embedding_layer(tiny, shape, archs.GPUS["h100-sxm"])
+        table = rows * 64 * 2
+        assert embed.weight_grad_transient_bytes == table
+        assert embed.transient_bytes == embed.output_bytes + table == 2 * 16 * 64 * 2 + table

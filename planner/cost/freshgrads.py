@@ -12,6 +12,7 @@ None (kept as measured)."""
 
 from __future__ import annotations
 
+from planner.cost import dataparallel
 from planner.cost.layers import LayerCost
 from planner.cost.runtimes import of as runtime_of
 from planner.schema.setup import TrainSetup
@@ -26,3 +27,12 @@ def fused_back(layer: LayerCost, setup: TrainSetup) -> int:
     if layer.lookup_param_count:
         return 0
     return layer.weight_grad_transient_bytes
+
+
+def fresh_made_here(layer: LayerCost, setup: TrainSetup) -> int:
+    """Of the layer's transient, what FSDP2's replay makes itself as the unit's unsharded gradients
+    (fsdp2_events.grads): where the gradients are reduced and freed every microbatch (not kept whole), `.grad`
+    is None at each backward and AccumulateGrad takes the fresh gradient as it is (§690, §692's FSDP2 row), so it
+    is that gradient, charged once there. Kept whole through the microbatches, a later microbatch's fresh
+    gradient is held beside the accumulated one until the add: kept in the transient."""
+    return 0 if dataparallel.kept_whole(setup) else layer.weight_grad_transient_bytes
