@@ -19,6 +19,7 @@ from planner.cost import (
     runtimes,
 )
 from planner.cost.cpring import peak as ring_peak
+from planner.cost.freshgrads import fresh_made_here
 from planner.cost.fsdp2_events import Fsdp2Layer
 from planner.cost.fsdp2_split import forward_parts, split_forward
 from planner.cost.gathered import fsdp_unit_layer_bytes
@@ -356,7 +357,7 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         # less what the replay makes itself: FSDP2's moment, and beside a pipeline the layer's gradients
         extra = int(round(layer_value("extra", layer, option, ctx) - fsdp_unit_layer_bytes(layer, option, profile, setup,
                                                                                  lambda value=kept_f: value)
-                          - gradtiming.layer_grad_in_flight_bytes(layer, setup)))
+                          - gradtiming.layer_grad_in_flight_bytes(layer, setup) - fresh_made_here(layer, setup)))
         norm = eager_norm.elements(layer, profile, setup) if option == 0 else 0  # its requests played after the LM head's
         cat = head_scatter.extra_bytes(layer, option, profile, setup)  # the head's reduce-scatter cat, played below
         program, hands, ring_ids = backward_hand_ring(

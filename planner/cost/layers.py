@@ -80,6 +80,7 @@ class LayerCost:
     # none's and full's split backward times: (input pass, weight pass) ms, None where not recorded
     split_ms: tuple[tuple[float, float] | None, tuple[float, float] | None] = (None, None)
     expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' (ep divides it)
+    weight_grad_transient_bytes: int = 0  # of transient_bytes, autograd's fresh weight gradients' (freshgrads.py)
     # its tensor-parallel collectives per microbatch: (kind, tensor bytes, forward, backward,
     # recompute counts, AsyncTP's fused matmuls: (whole, chunk, copy, fp8 whole, fp8 chunk) ms or
     # None, TE's ring-exchange GEMM: (whole, chunk, pair, fp8 whole, fp8 chunk, fp8 pair) ms or None), as the
@@ -211,6 +212,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             split_ms=tuple(_kind_split_ms([item.recompute_options[index] for item in same
                                            if len(item.recompute_options) > index], len(same)) for index in (0, 1)),
             expert_transient_bytes=max(item.expert_transient_bytes for item in same),
+            weight_grad_transient_bytes=max(item.weight_grad_transient_bytes or 0 for item in same),
             largest_param_count=max(item.largest_param_count or 0 for item in same),
             param_tensors=max(item.param_tensors for item in same),
             lookup_param_count=max(item.lookup_param_count for item in same),

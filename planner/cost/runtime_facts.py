@@ -276,6 +276,7 @@ class RuntimeFacts:
     accumulation is off (--no-gradient-accumulation-fusion) every weight's gradient takes it, an embedding's always.
     False: not read, the setting refused. The bytes are the setup's (jobsettings.hook_bytes: the gradient's and
     main_grad's dtypes, the add or the copy), less the `.grad` add the profile timed (beyond_profile_bytes)."""
+    wgrad_in_gemm: bool = False  # linears' weight gradients accumulated inside the GEMM, none fresh (freshgrads.py)
     fills_te_outputs: bool = False
     """Under deterministic mode (torch.use_deterministic_algorithms) the runtime's layers allocate their
     GEMM, norm and attention outputs through aten::empty, which then writes NaN into each first

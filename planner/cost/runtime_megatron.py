@@ -135,7 +135,7 @@ def megatron() -> RuntimeFacts:
         recompute_whole_forward=True, overlaps_grad_reduce=True, fsdp_units="megatron-fsdp", prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True, local_spec_buffer=True, output_layer_buffer=True,
         step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False, tp_gathers_float8=True,
-        fused_kernels="transformer-engine", main_grad_hook=True, logged_read_shard_bytes=4, fills_te_outputs=True,
+        fused_kernels="transformer-engine", main_grad_hook=True, wgrad_in_gemm=True, logged_read_shard_bytes=4, fills_te_outputs=True,
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
         deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, host_rest_linears=HOST_REST_LINEARS,
         step_collectives=STEP_COLLECTIVES, timer_syncs=TIMER_SYNCS,
@@ -189,6 +189,13 @@ def megatron() -> RuntimeFacts:
                                    "2 + 4, write 4 in a kernel of its own: 10 B, of which the eager .grad accumulation "
                                    "the TE record puts back under the setting (3 x 2 B, FusedKernelTime.accumulate_ms) "
                                    "counts 6: +4 B a weight a microbatch, Megatron-LM 6e091e1b",
+            "wgrad_in_gemm": "gradient_accumulation_fusion (the default; --no-gradient-accumulation-fusion turns it "
+                             "off, freshgrads.py reads the setting): TE's linears pass it as fuse_wgrad_accumulation "
+                             "and write the wgrad GEMM's result into main_grad with accumulate, no bf16 gradient of "
+                             "their own (TE linear.py 1122-1136, v2.16.0; Megatron-LM transformer_engine.py 901, "
+                             "1117), Megatron's own linears through wgrad_gemm_accum_fp32 (megatron/core/"
+                             "tensor_parallel/layers.py 596-600, 6e091e1b); VocabParallelEmbedding's lookup is no "
+                             "GEMM: its table's gradient is made fresh and the DDP hook adds it (§692, §700)",
             "fills_te_outputs": "--deterministic-mode calls torch.use_deterministic_algorithms(True) (megatron/training/"
                                   "arguments.py 1528-1537, Megatron-LM 6e091e1b), whose fill_uninitialized_memory "
                                   "(default True; torch docs, torch.utils.deterministic) writes NaN into every "

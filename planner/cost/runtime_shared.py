@@ -15,6 +15,11 @@ PIPELINING_OUTPUTS = "torch/distributed/pipelining/stage.py forward_one_chunk ap
 EAGER_MOE_KEPT = ("the analytic profile's eager mixture as transformers / torchtitan run it (planner/profiler/"
                   "analytic_kept.py moe_terms: gathered rows, SwiGLU's tensors, the weighted outputs)")
 
+# the wgrad_in_gemm source of a record whose linears run eager autograd (no fused weight-gradient accumulation)
+EAGER_WGRAD = ("False: autograd makes each weight's gradient a tensor of its own and AccumulateGrad adds it into "
+               "`.grad` (or takes it) once the node returns (torch 2.13 accumulate_grad.h, §690): the profile's "
+               "transient holds it (§699)")
+
 NO_CHUNKED_LOSS = "no loss over chunks of the sequence in this runtime's code: --chunked-cross-entropy refused"
 
 MEMTRACKER = "measured: torch MemTracker on CPU, torch 2.13 (scripts/bench_loss_region.py)"

@@ -11,6 +11,7 @@ from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
     COMPILED_LOSS,
     EAGER_MOE_KEPT,
+    EAGER_WGRAD,
     INPUT_GRADS_CLEARED,
     INPUT_GRADS_KEPT,
     MEMTRACKER,
@@ -171,6 +172,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
             **BRIDGE_SETTINGS_NOT_READ, "te_moe_experts_kept": EAGER_MOE_KEPT, **runtime_fp16.not_trained(runtime_fp16.TITAN_REFUSED),
+            "wgrad_in_gemm": EAGER_WGRAD,
             "fsdp_units": _TITAN_UNITS[version][2],
             "fsdp_gathered_from_forward": _TITAN_UNITS[version][2],
             "cp_comm": f"torch/distributed/tensor/experimental/_context_parallel/_attention.py 77 (_cp_options."

@@ -35,6 +35,7 @@ from planner.cost.runtime_facts import LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
     EAGER_MOE_KEPT,
+    EAGER_WGRAD,
     INPUT_GRADS_CLEARED,
     MEMTRACKER,
     MODEL_CODE_KERNELS,
@@ -121,7 +122,7 @@ def _ckplan() -> RuntimeFacts:
             "tp_overlap": "ckplan's runtime runs no TP",
             **_FLOAT8_NOT_READ,
             **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS, "te_moe_experts_kept": EAGER_MOE_KEPT,
-            **runtime_fp16.not_trained(runtime_fp16.CKPLAN_REFUSED),
+            **runtime_fp16.not_trained(runtime_fp16.CKPLAN_REFUSED), "wgrad_in_gemm": EAGER_WGRAD,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -136,66 +137,13 @@ def _ckplan() -> RuntimeFacts:
         })
 
 
-# DeepSpeed as BLOOM 176B trained (bigscience tr11-176B-ml README: the olruwase/bf16-updates branch, merged as
-# pull request #1801 "bf16+pipeline parallelism", 56c52238, 2022-04-19): framework-facts §61
-_DS_BLOOM = "DeepSpeed 56c52238 (2022-04-19, #1801: the bf16-updates branch BLOOM 176B ran)"
-_DS_BLOOM_FACTS = {
-    "grad_bytes": f"reduced in bf16: deepspeed/runtime/engine.py 712-721 (communication_data_type: bfloat16 under bf16 "
-                  f"where the config names none, as tr11-176B-ml.slurm's ds_config does not), 2063-2088 "
-                  f"(allreduce_bucket casts the fp32 bucket to it); held: the bf16 .grad autograd makes each backward "
-                  f"(pipe/engine.py 746-760: clear_lp_grads before it, update_hp_grads(clear_lp_grads=False) after; "
-                  f"engine.py 1807-1811: no zero_grad under bf16 without ZeRO), whole, 2 B; the fp32 ones beside "
-                  f"them are hp_grad_bytes, {_DS_BLOOM}",
-    "overlaps_grad_reduce": f"deepspeed/runtime/pipe/engine.py 250-267 (ReduceGrads, the schedule's instruction after "
-                            f"the last microbatch: _bf16_reduce_grads, buffered_allreduce_fallback over the fp32 "
-                            f"gradients), pipe/schedule.py TrainSchedule (ReduceTiedGrads, ReduceGrads, OptimizerStep "
-                            f"after the last step's commands), {_DS_BLOOM}",
-    "zero1_all_reduces": f"deepspeed/runtime/pipe/engine.py 263-267 (_bf16_reduce_grads: buffered_allreduce_fallback "
-                         f"over the whole gradients), engine.py 2063-2088 (dist.all_reduce over the data-parallel "
-                         f"group); each rank then steps its partition (bf16_optimizer.py 146-160), {_DS_BLOOM}",
-    "hp_grad_accumulate_bytes": f"deepspeed/runtime/pipe/engine.py 754-760 (update_hp_grads after every backward), "
-                                f"bf16_optimizer.py 383-400 (hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))): "
-                                f"2 + 4 (the cast) + 4 + 4 + 4 (the add) B a parameter a microbatch, {_DS_BLOOM}",
-    "hp_grad_bytes": f"deepspeed/runtime/bf16_optimizer.py 163-172 (fp32_groups_gradients_flat: torch.zeros_like of "
-                     f"the whole flat bf16 group in float32, split into per-parameter views), 182-187 (the rank's "
-                     f"partition only a narrow of it: not sharded), 431-433 (zeroed in place after the step, never "
-                     f"freed), {_DS_BLOOM}; bigscience tr11-176B-ml README 461 (9e64ede): \"It doesn't shard the static "
-                     f"fp32 buffer it reuses, which consumes `4 bytes * params` of additional memory\"",
-    "hp_grad_cast_bytes": f"deepspeed/runtime/bf16_optimizer.py 383-393 (update_hp_grads: "
-                          f"hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype)), a new fp32 tensor of one parameter, freed "
-                          f"after its add), called after each microbatch's backward (pipe/engine.py 758-760) before the "
-                          f"stage's output buffer is let go (763-764), {_DS_BLOOM}",
-    "reduce_cast_bytes": f"deepspeed/runtime/pipe/engine.py 263-267 (_bf16_reduce_grads: buffered_allreduce_fallback over "
-                         f"get_grads_for_reduction(), the flat fp32 groups, bf16_optimizer.py 401-403), engine.py 2095-2106 "
-                         f"(allreduce_no_retain: a group above 500M elements is its own bucket), 2063-2088 "
-                         f"(allreduce_bucket: flatten of one tensor is a view, then tensor.to(communication_data_type), "
-                         f"bf16 under bf16: a new 2 B copy of the group, all-reduced and copied back), {_DS_BLOOM}; "
-                         f"Megatron-DeepSpeed's two groups (megatron/optimizer/__init__.py 26-47, bigscience-workshop "
-                         f"0fef0705: weights; biases and LayerNorms) reduced one after the other: charged per parameter "
-                         f"of every layer, the small group's too",
-    "bf16_zero": f"deepspeed/runtime/engine.py 1067-1100 (_configure_optimizer: bf16 without ZeRO -> BF16_Optimizer), "
-                 f"bf16_optimizer.py 146-160, 201-202 (the fp32 master an even 1/dp partition of the flat group, the "
-                 f"only parameter the wrapped optimizer steps, so its Adam states too), pipe/engine.py 250-261 (bf16 "
-                 f"at ZeRO 1 raises NotImplementedError in _exec_reduce_grads), dp_support (ZeRO 2/3 asserted "
-                 f"beside a pipeline), {_DS_BLOOM}; bigscience tr11-176B-ml.slurm 144 (9e64ede): 'ZERO_STAGE=0 # "
-                 "important: bf16 must use z0! it implements its own zero stage 1 equivalent'",
-    "pipeline_max_zero": f"deepspeed/runtime/pipe/engine.py 72 (PipelineEngine.__init__: assert zero_optimization_stage() "
-                         f"< 2, 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'), {_DS_BLOOM}",
-    "shard_group_zero": f"none: every ZeRO stage partitions over the whole data-parallel group at {_DS_BLOOM}; MiCS "
-                        f"(deepspeed/runtime/zero/mics.py) came a year later (2e99f6ed, 2023-04-25)",
-    "adam_step_scratch": "bigscience-workshop/Megatron-DeepSpeed megatron/optimizer/__init__.py 16, 57-72, 82-83 (0fef0705): "
-                         "apex FusedAdam handed to deepspeed.initialize, which BF16_Optimizer wraps (engine.py 1280-1294, "
-                         f"{_DS_BLOOM}): a fused multi-tensor step in place, no scratch",
-}
-
-
 def _deepspeed(version: str = "edaa7221") -> RuntimeFacts:
     record = _deepspeed_newest()
     if version == "edaa7221":
         return record
-    sources = {**record.sources, **_DS_BLOOM_FACTS, **runtime_deepspeed.BLOOM_NOT_READ,
+    sources = {**record.sources, **runtime_deepspeed.BLOOM_SOURCES, **runtime_deepspeed.BLOOM_NOT_READ,
                **runtime_fp16.not_trained(runtime_fp16.BLOOM_REFUSED)}
-    return dataclasses.replace(record, version=_DS_BLOOM, overlaps_grad_reduce=False, zero1_all_reduces=True,
+    return dataclasses.replace(record, version=runtime_deepspeed.DS_BLOOM, overlaps_grad_reduce=False, zero1_all_reduces=True,
                                hp_grad_accumulate_bytes=18, hp_grad_bytes=4, hp_grad_cast_bytes=4, reduce_cast_bytes=2, bf16_zero=1,
                                shard_group_zero=(), **runtime_deepspeed.BLOOM_FACTS, fp16_grad_bytes=0,
                                sources=sources)
@@ -271,7 +219,7 @@ def _deepspeed_newest() -> RuntimeFacts:
             "tp_overlap": "not in DeepSpeed",
             **_FLOAT8_NOT_READ,
             **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS, "te_moe_experts_kept": EAGER_MOE_KEPT,
-            **runtime_fp16.DEEPSPEED_SOURCES,
+            **runtime_fp16.DEEPSPEED_SOURCES, "wgrad_in_gemm": EAGER_WGRAD,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -354,7 +302,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "tp_overlap": "not read",
             **_FLOAT8_NOT_READ,
             **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS, "te_moe_experts_kept": EAGER_MOE_KEPT,
-            **runtime_fp16.not_trained(runtime_fp16.COLOSSALAI_REFUSED),
+            **runtime_fp16.not_trained(runtime_fp16.COLOSSALAI_REFUSED), "wgrad_in_gemm": EAGER_WGRAD,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",

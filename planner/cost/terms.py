@@ -17,6 +17,7 @@ from planner.cost import (
     deepspeed_step,
     deepspeed_terms,
     eager_norm,
+    freshgrads,
     frozen,
     fsdp2work,
     gradtiming,
@@ -155,9 +156,11 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: layer.options[int(ckpt)].split_peak_bytes,
          "peak of torch's stage_backward_weight, per option (profiler): it recomputes checkpointed regions again"),
     Term("scratch, and what the option recomputes at once", "extra", "layer",
-         lambda layer, ckpt, ctx: layer_extra_bytes(layer, ckpt) - expert_parallel_transient_back(layer, ctx.setup),
+         lambda layer, ckpt, ctx: layer_extra_bytes(layer, ckpt) - max(expert_parallel_transient_back(layer, ctx.setup),
+                                                                       freshgrads.fused_back(layer, ctx.setup)),
          "allocator peak per layer beyond what it keeps (profiler); a rank's routed experts' weight-gradient "
-         "temporaries are as large as the experts it holds (measured on the runtime with --ep)"),
+         "temporaries are as large as the experts it holds (measured on the runtime with --ep); a runtime that "
+         "accumulates weight gradients inside the GEMM holds none of them fresh (planner/cost/freshgrads.py)"),
     Term("the optimizer's fp32 cast of the layer's largest gradient after the stage's backward, beyond the layer's "
          "own scratch", "extra", "layer",
          lambda layer, ckpt, ctx: hpgrads.cast_extra_bytes(layer, int(ckpt), ctx.setup),

@@ -301,16 +301,19 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
 def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
     """Keeps the token ids for its weight gradient (learned positions: the one sequence's int64
     position ids too, which the position lookup saves; and GPT's dropout mask); a lookup, no FLOPs:
-    memory-bound both ways (analytic_time.embedding_work)."""
+    memory-bound both ways (analytic_time.embedding_work). Its backward holds the output's gradient and
+    the table's, which embedding_dense_backward makes whole and fresh (no GEMM to accumulate it: §700)."""
     ids = INDEX_BYTES * shape.tokens
     positions = INDEX_BYTES * shape.seq_len // shape.cp if arch.style == "gpt" and arch.max_position_embeddings else 0
     mask = MASK_BYTES * shape.tokens * arch.hidden_size // shape.sp_div if arch.drops_embedding else 0
     out = boundary_bytes(arch, shape)
+    table = embedding_params(arch, shape) * shape.d  # every table's gradient, in the weights' dtype
     times = analytic_time.times_ms(analytic_time.embedding_work(arch, shape), gpu, mfu)
     return _layer("tok_embeddings", "embedding", times=times, act_bytes=ids + positions + mask, input_bytes=ids,
                   output_bytes=out, input_in_act_bytes=ids, param_count=embedding_params(arch, shape),
-                  transient_bytes=out, incoming_grad_bytes=out, shape=shape, gpu=gpu, kept_terms=(ids, positions, mask)
-                  ).model_copy(update={"lookup_param_count": embedding_params(arch, shape)})  # every table a lookup
+                  transient_bytes=out + table, incoming_grad_bytes=out, shape=shape, gpu=gpu,
+                  kept_terms=(ids, positions, mask)).model_copy(update={
+                      "lookup_param_count": embedding_params(arch, shape), "weight_grad_transient_bytes": table})
 
 
 def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None, *,
