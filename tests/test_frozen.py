@@ -4,6 +4,8 @@ a frozen parameter's weights alone (no gradient, no optimizer state: §710), and
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from fixtures.cli import run_ok
@@ -68,31 +70,13 @@ def test_the_tracker_follows_a_stage_holding_frozen_parameters():
     assert mem.peak_bytes >= 2 * (16 * 16 + 16) * 4 + (16 * 16 + 16) * 4  # both weights, the trained gradient
 
 
-_FROZEN_FILE = '''
-import torch
-from torch import nn
-
-
-def build_model():
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 2))
-    model[0].requires_grad_(False)  # a frozen backbone: 8 x 8 + 8 = 72 parameters
-    model[2].bias.requires_grad_(False)  # one frozen tensor of a trained layer: 8
-    return model
-
-
-def example_batch(micro_batch_size):
-    return torch.randn(micro_batch_size, 8), torch.randn(micro_batch_size, 2)
-
-
-def loss_fn(output, target):
-    return nn.functional.mse_loss(output, target)
-'''
+FROZEN_FILE = Path(__file__).parent / "fixtures" / "frozen_mlp.py"
 
 
 @pytest.fixture(scope="module")
 def frozen_plan(tmp_path_factory):
     folder = tmp_path_factory.mktemp("frozen")
-    (folder / "frozen.py").write_text(_FROZEN_FILE)
+    (folder / "frozen.py").write_text(FROZEN_FILE.read_text())
     said = run_ok("profile", folder / "frozen.py", "--micro-batch-size", "2", "--threads", "1", "--repeats", "1",
                   "--warmup", "0", "--out", folder / "p.json").output
     run_ok("solve", "--profile", folder / "p.json", "--mem", "100MiB", "--stages", "2", "--microbatches", "2",

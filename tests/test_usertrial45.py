@@ -4,6 +4,7 @@ command before and after, on a tiny case."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -147,21 +148,7 @@ def test_the_megatron_export_of_a_config_without_its_norm_epsilon_says_what_to_w
     assert "re-create the profile" not in said
 
 
-_FROZEN_FILE = '''
-import torch
-from torch import nn
-
-
-def build_model():
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 2))
-    model[0].requires_grad_(False)  # a frozen backbone: 8 x 8 + 8 = 72 parameters
-    model[2].bias.requires_grad_(False)  # one frozen tensor of a trained layer: 8
-    return model
-
-
-def example_batch(micro_batch_size):
-    return torch.randn(micro_batch_size, 8), torch.randn(micro_batch_size, 2)
-'''
+FROZEN_FILE = Path(__file__).parent / "fixtures" / "frozen_mlp.py"
 
 
 def test_profile_says_a_model_files_frozen_parameters_are_charged_as_frozen(tmp_path):
@@ -170,7 +157,7 @@ def test_profile_says_a_model_files_frozen_parameters_are_charged_as_frozen(tmp_
     they hold 1,317,888), and `launch` stopped at torch's MemTracker, all unsaid; the profile names the layers and
     the count (72 + 8 here) and, since §45.frozen, that they are charged as frozen (tests/test_frozen.py)."""
     path = tmp_path / "frozen.py"
-    path.write_text(_FROZEN_FILE)
+    path.write_text(FROZEN_FILE.read_text())
     said = " ".join(run_ok("profile", path, "--micro-batch-size", "2", "--out", tmp_path / "p.json").output.split())
     assert "layers 0, 2 hold 80 parameters with requires_grad False: charged as frozen" in said, said
 
