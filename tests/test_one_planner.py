@@ -239,8 +239,10 @@ def test_a_model_file_written_before_the_packages_still_loads(tmp_path):
 
 
 MIB = 2**20
-END_CAP_1 = 1_064_960 + 72 * MIB + 4096  # cut after l0: stage 1's step end with the fit margin (hand count below)
-END_CAP_2 = 16_384 + 72 * MIB + 4096  # cut after l1: the same, the head alone on stage 1
+# the last stage's loss values (lossvalues.held_values): 1F1B's k = 1, so M - k + 2 = 4 - 1 + 2 = 5 of 4 B = 20 B
+LOSS_VALUES = (4 - 1 + 2) * 4
+END_CAP_1 = 1_064_960 + 72 * MIB + LOSS_VALUES + 4096  # cut after l0: stage 1's step end with the fit margin (hand count below)
+END_CAP_2 = 16_384 + 72 * MIB + LOSS_VALUES + 4096  # cut after l1: the same, the head alone on stage 1
 
 
 def _logits_profile():
@@ -265,13 +267,15 @@ def test_the_step_end_sets_the_last_stages_peak_by_hand():
     2.6 leaves on them (M - 1 + 1 at its last steady backward: tests/test_held_input_grads.py) and the
     M - 1 = 3 logits kept past their backward (24 MiB); kept 4 + 4 - 1 (the input, in its buffer) + 8 (the output
     waiting) = 15 MiB; at the step's end the last logits (8 MiB) and the cat of all 4 (32 MiB).
+    The buffers also carry the loss values torch keeps to the step's end and the seed: M - k + 2 =
+    4 - 1 + 2 = 5 of 4 B, 32 MiB + 20 B (LOSS_VALUES).
     The step's end, 40 MiB over static + buffers, passes the activations' 15: it is the peak."""
     profile = _logits_profile()
     for cut, static, peak in ((1, 1_064_960, END_CAP_1 - 4096), (2, 16_384, END_CAP_2 - 4096)):
         stages = costmodel.split_to_stages([0, cut], [0, 0, 0], profile)
         last = costmodel.evaluate(stages, profile, _titan_setup()).stages[1]
-        assert (last.static_bytes, last.buffer_bytes, last.step_end_bytes) == (static, 32 * MIB, 40 * MIB)
-        assert last.peak_bytes == peak == static + 32 * MIB + 40 * MIB
+        assert (last.static_bytes, last.buffer_bytes, last.step_end_bytes) == (static, 32 * MIB + LOSS_VALUES, 40 * MIB)
+        assert last.peak_bytes == peak == static + 32 * MIB + LOSS_VALUES + 40 * MIB
         assert last.activation_bytes + last.transient_bytes < last.step_end_bytes
 
 
@@ -402,9 +406,10 @@ def test_the_milps_rank_step_end_row_is_evaluates_step_end(schedule):
             stage.static_bytes + stage.buffer_bytes + stage.step_end_bytes
     # the head's rank (1 interleaved, 0 under ZBV's V): the head's M kept logits, its M input
     # gradients held by their sends and the cat of the logits, 4 x (8 + 1) + 4 x 8 MiB; its other
-    # stage's sends, 4 x (1 + 1) MiB (l1), or 4 x 1 (l0, which sends no input gradient)
+    # stage's sends, 4 x (1 + 1) MiB (l1), or 4 x 1 (l0, which sends no input gradient); and the walked
+    # schedule's loss values, every one kept to the step's end (lossvalues.walked_value_bytes): M x 4 B = 16 B
     head_rank, other = (1, 2) if schedule == "interleaved-1F1B" else (0, 1)
-    assert cost.stages[head_rank].step_end_bytes == (4 * 9 + 4 * 8 + 4 * other) * MIB
+    assert cost.stages[head_rank].step_end_bytes == (4 * 9 + 4 * 8 + 4 * other) * MIB + 4 * 4
 
 
 @pytest.mark.parametrize("dp, zero, hint", [

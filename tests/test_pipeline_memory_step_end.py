@@ -48,8 +48,10 @@ def test_the_last_1f1b_stage_peaks_at_the_merge_of_its_kept_logits(tiny, monkeyp
     # the last stage runs one microbatch in flight: M - 1 logits among its buffers (output_chunks), the last
     # one's at the step's end, and the cat of all M: 2 M logits in all; and at 9dec370's torch every input
     # gradient stays on its receive buffer (M - 1 + 1 = M, b5bcd76c's torch the one being sent:
-    # tests/test_held_input_grads.py); and 9dec370's rotary table
-    assert old.buffer_bytes - new.buffer_bytes == (m - 1) * LOGITS + (m - 1) * layers[2].input_bytes + ROTARY
+    # tests/test_held_input_grads.py); and 9dec370's rotary table; less b5bcd76c's positions, held with the whole
+    # batch on every stage (rules.batch_bytes): an int64 a token, M x 2 x 32 x 8 B = 16 x 512 = 8,192 B
+    positions = m * 2 * 32 * 8
+    assert old.buffer_bytes - new.buffer_bytes == (m - 1) * LOGITS + (m - 1) * layers[2].input_bytes + ROTARY - positions
     assert old.step_end_bytes == (1 + m) * LOGITS
     assert new.step_end_bytes == 0  # return_outputs=False: nothing kept, nothing merged
     # no data parallelism: no gradient made late, so the moment sits on static + buffers

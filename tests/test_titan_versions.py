@@ -66,16 +66,20 @@ def test_2c8b5947_keeps_the_last_stages_outputs_alone_to_the_steps_end(tiny):
                           setup=setup(runtime_version=version, **pipe))
 
     assert runtimes.facts("torchtitan", "2c8b5947").outputs_held_to_step_end == "last-stage"
+    # b5bcd76c's positions, held with the whole batch on every stage (rules.batch_bytes): an int64 a token,
+    # M x 2 x 32 x 8 B = 5 x 512 = 2,560 B on each stage; stage 0 otherwise alike
+    positions = 5 * 2 * 32 * 8
     first = [cost(v, 0) for v in ("2c8b5947", "b5bcd76c")]
-    assert first[0].buffer_bytes == first[1].buffer_bytes
+    assert first[1].buffer_bytes - first[0].buffer_bytes == positions
     last = [cost(v, 1) for v in ("2c8b5947", "b5bcd76c")]
     # and 2c8b5947's torch (2.9.0.dev20250811) leaves each received input's gradient on its buffer to the next
     # step (RuntimeFacts.input_grads_held_to_step_end, rules.held_input_grads): at the last stage's last backward
     # M - min(M, P - s) = 4 of them beside the one it makes, where b5bcd76c's torch (after pytorch#164329) holds none
     held_grads = (5 - 1) * layers[2].input_bytes
-    assert last[0].buffer_bytes - last[1].buffer_bytes == (5 - 1) * LOGITS + held_grads
-    # every stage's, as bbb1b616's torch kept them: stage 0 adds its M - k = 5 - 2 outputs
-    assert cost("bbb1b616", 0).buffer_bytes - first[0].buffer_bytes == (5 - 2) * layers[1].output_bytes
+    assert last[0].buffer_bytes - last[1].buffer_bytes == (5 - 1) * LOGITS + held_grads - positions
+    # every stage's, as bbb1b616's torch kept them: stage 0 holds its M - k = 5 - 2 outputs, one of which 2c8b5947's
+    # 1F1B warm-up send already holds (warmupsend.held_send_outputs: w = 2, M - w = 3 >= w - 1 = 1): 3 - 1 = 2 more
+    assert cost("bbb1b616", 0).buffer_bytes - first[0].buffer_bytes == (5 - 2 - 1) * layers[1].output_bytes
 
 
 def test_the_package_version_0_0_2_is_refused_naming_the_commits_it_spans():
