@@ -28,7 +28,9 @@ def data_parallel_refused(runtime: str, version: str | None, *, precision: str, 
     """A sentence where the runtime cannot run this ZeRO stage: under its bf16 optimizer (zero_refused), beside
     a pipeline of `stages` (its record's pipeline_max_zero), or over a shard group of fewer ranks than `dp`
     (shard_group_zero), or in a precision it does not train (fp16-mixed: runtime_fp16.refusal); else None. The single-setup commands refuse it, the whole-job search skips it."""
-    refused = runtime_fp16.refusal(precision, facts(runtime, version), zero) \
+    # one data-parallel rank: the setup holds ZeRO 0 whatever the config's stage (nothing to shard), so which fp16
+    # optimizer runs is not known from it: the stage is given to the fp16 refusal only where it shards
+    refused = runtime_fp16.refusal(precision, facts(runtime, version), zero if dp > 1 else None) \
         or zero_refused(runtime, version, precision=precision, zero=zero, dp=dp)
     if refused:
         return refused
