@@ -111,7 +111,15 @@ def _own_replay(cost: StageCost, plan: StagePlan, index: int, *, profile: Profil
     if not runtimes.of(setup.training).step_replayed:
         return None
     by_name = {layer.name: layer for layer in profile.layers}
-    memory = reserve.StageMemory(cost.static_bytes, cost.buffer_bytes, cost.step_scratch_bytes)
+    from planner.cost import layers as layer_numbers
+    from planner.cost import warmupsend
+
+    held = warmupsend.held_send_outputs(index, setup)
+    if held and plan.layers:
+        last = next(layer for layer in layer_numbers.layer_costs(profile) if layer.name == plan.layers[-1])
+        held *= last.output_bytes
+    memory = reserve.StageMemory(cost.static_bytes, cost.buffer_bytes, cost.step_scratch_bytes,
+                                 held_send_bytes=held if plan.layers else 0)
     options = [plan.option(name) for name in plan.layers]
     rate = reserve.host_copy_ms_per_byte(profile, setup) if OPTION_OFFLOAD in options else None
     expandable = reserve_fsdp2.expandable_segments(profile, setup)

@@ -58,6 +58,9 @@ class StageMemory:
     static_bytes: int
     buffer_bytes: int
     scratch_bytes: int
+    # of buffer_bytes, the stage output a 1F1B warm-up send keeps (warmupsend.py): a block of its own, not spread
+    # over the receive buffers (4 x 1 MiB + 1 MiB spread made 4 x 1.25 MiB, from a large segment, not small ones)
+    held_send_bytes: int = 0
 
 
 def plan_records(plan, profile, names: Sequence[str] | None = None):
@@ -245,8 +248,10 @@ def _static_events(records: Sequence[AllocRecord], memory: StageMemory, num_micr
     copies = [[Alloc(("static", copy, i), size) for i, size in enumerate(params)] for copy in range(whole)]
     copies.append([Alloc(("static", "part", i), part * size // total) for i, size in enumerate(params)]
                   if total else [Alloc(("static", "part"), part)])
-    per_buffer, rest = divmod(memory.buffer_bytes, num_microbatches)
+    per_buffer, rest = divmod(memory.buffer_bytes - memory.held_send_bytes, num_microbatches)
     buffers = [Alloc(("buffer", mb), per_buffer) for mb in range(num_microbatches)] + [Alloc(("buffer", "rest"), rest)]
+    if memory.held_send_bytes:
+        buffers.append(Alloc(("buffer", "send"), memory.held_send_bytes))
     return [*(event for copy in copies[:2] for event in copy), *buffers,
             *(event for copy in copies[2:] for event in copy)]
 
