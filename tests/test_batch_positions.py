@@ -48,3 +48,46 @@ def test_a_rank_of_several_stages_holds_its_batch_once():
     view = TrainSetup(stages=4, microbatches=4, micro_batch_size=1, mem_caps_bytes=[2**40] * 4, runtime="torchtitan",
                       runtime_version="b5bcd76c", schedule="interleaved-1F1B", chunks=2)
     assert [batch_bytes(_profile(), stage, view) for stage in range(4)] == [786432, 786432, 0, 0]
+
+
+def test_b5bcd76c_accumulating_without_a_pipeline_keeps_every_inputs_and_the_current_labels():
+    """One stage, 4 microbatches accumulated (b5bcd76c trainer.py 854-896): every group's input_dict, written back
+    with its device tensors, is kept to the step's end; each group's labels are a new list. At the last group's
+    forward and backward: 4 x (65,536 B inputs + 65,536 B positions) + 65,536 B labels = 589,824 B, 3 x 65,536 =
+    196,608 B fewer than the whole batch."""
+    assert batch_bytes(_profile(), 0, _setup("torchtitan", "b5bcd76c", stages=1)) == 4 * 2 * 65536 + 65536 == 589824
+    assert 786432 - 589824 == 3 * 65536
+
+
+def test_2c8b5947_accumulating_without_a_pipeline_keeps_one_microbatch():
+    """2c8b5947 train.py 370-399, 471-474: the batch generator moves one microbatch to the device and train_step
+    rebinds its input_dict and labels each microbatch: 65,536 B inputs + 65,536 B labels."""
+    assert batch_bytes(_profile(), 0, _setup("torchtitan", "2c8b5947", stages=1)) == 2 * 65536
+
+
+def test_a_pipeline_or_one_microbatch_keeps_the_whole_batch():
+    # with a pipeline the trainer's accumulation groups are not told apart from the schedule's microbatches (M is
+    # their product): every stage keeps the whole batch as before; one microbatch is the whole batch
+    assert batch_bytes(_profile(), 0, _setup("torchtitan", "b5bcd76c", stages=2)) == 786432
+    one = TrainSetup(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**40], runtime="torchtitan",
+                     runtime_version="b5bcd76c")
+    assert batch_bytes(_profile(), 0, one) == 3 * 65536
+
+
+def test_evaluate_charges_it_as_the_stage_holds_it(monkeypatch):
+    """The stage term, so evaluate, the DP and the MILP read the same: b5bcd76c's stage holds 3 x 65,536 B fewer
+    than with the record read as keeping the whole batch, in its buffers and at its peak."""
+    import dataclasses
+
+    from planner.cost import costmodel, runtimes
+
+    profile, setup = _profile(), _setup("torchtitan", "b5bcd76c", stages=1)
+    stages = costmodel.split_to_stages([0], [False] * len(profile.layers), profile)
+    record = runtimes.of(setup.training)
+    assert record.accumulated_batch == "inputs"
+    kept = costmodel.evaluate(stages, profile, setup).stages[0]
+    whole = dataclasses.replace(record, accumulated_batch="whole")
+    monkeypatch.setattr(runtimes, "of", lambda training: whole)
+    before = costmodel.evaluate(stages, profile, setup).stages[0]
+    assert before.buffer_bytes - kept.buffer_bytes == 3 * 65536
+    assert before.peak_bytes - kept.peak_bytes == 3 * 65536

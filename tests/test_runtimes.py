@@ -401,11 +401,14 @@ def test_without_a_pipeline_microbatches_are_gradient_accumulation_keeping_no_ou
     layers = layer_costs(tiny)
     costs = [stage_cost(layers, [0] * len(layers), stage=0, profile=tiny,
                         setup=setup(runtime="torchtitan", runtime_version=v, microbatches=4)) for v in ("bbb1b616", "b5bcd76c")]
-    # b5bcd76c's positions beside each microbatch's inputs (tests/test_batch_positions.py)
-    assert costs[1].buffer_bytes - costs[0].buffer_bytes == 4 * tiny.batch_input_bytes > 0
+    # b5bcd76c's positions beside each microbatch's inputs (tests/test_batch_positions.py), and its loop keeps only
+    # the current microbatch's labels as it accumulates (accumulated_batch "inputs", docs/framework-facts.md §745):
+    # 4 x 512 B of positions more, 3 x 512 B of labels fewer
+    gap = 4 * tiny.batch_input_bytes - 3 * tiny.batch_target_bytes
+    assert costs[1].buffer_bytes - costs[0].buffer_bytes == gap == 512
     # bbb1b616 repeats K/V before attention, b5bcd76c passes enable_gqa: each block of the one microbatch in
     # flight keeps K and V at 4 heads, not 2 (2 x 64 tokens x 2 heads x 16 x 2 B; tests/test_repeated_kv.py)
-    assert costs[0].peak_bytes - costs[1].peak_bytes == 2 * (2 * 64 * 2 * 16 * 2) - 4 * tiny.batch_input_bytes
+    assert costs[0].peak_bytes - costs[1].peak_bytes == 2 * (2 * 64 * 2 * 16 * 2) - gap
 
 
 def test_the_whole_block_rerun_skips_the_last_residual_add_on_this_devices_rows():

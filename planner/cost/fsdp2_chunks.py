@@ -50,6 +50,9 @@ class Fsdp2Rank:
     output_bytes: tuple[int, ...] = ()  # per chunk, a microbatch's output (output_chunks: forward to next step)
     input_grad_bytes: tuple[int, ...] = ()  # per chunk, a microbatch's input gradient (its backward to next step)
     merged_bytes: int = 0  # the last stage's merge of its outputs at the step's end, dropped at once
+    # the stage output a 1F1B warm-up send keeps (warmupsend.py): a block of its own beside the buffers, as the
+    # cost model holds it (all iteration), not merged into theirs (one_stage_rank)
+    held_send_bytes: int = 0
 
 
 def rank_events(rank: Fsdp2Rank, *, steps: int = STEPS) -> list[Event]:
@@ -59,6 +62,8 @@ def rank_events(rank: Fsdp2Rank, *, steps: int = STEPS) -> list[Event]:
         events += [placed(Alloc(("shard", i, j), size, DEFAULT), c)
                    for i, layer in enumerate(chunk.layers) for j, size in enumerate(layer.shard)]
     events.append(Alloc(("buffers",), rank.buffer_bytes, DEFAULT))
+    if rank.held_send_bytes:
+        events.append(Alloc(("send",), rank.held_send_bytes, DEFAULT))
     for step in range(steps):
         _ChunkedStep(rank, events, makes_state=step == 0).run()
     return events
@@ -178,8 +183,11 @@ def one_stage_rank(stage: Fsdp2Stage, last_layer, *, stage_index: int, setup: Tr
     with_ends); the last stage's merge of them at the step's end. Where each microbatch's input gradient
     stays on its receive buffer's `.grad` to the next step (the record's input_grads_held_to_step_end;
     `first_layer` the stage's first layer's cost), each is made at its backward and kept, not among the
-    buffers (rules.held_input_grads of them there); else the one being sent stays one block there."""
+    buffers (rules.held_input_grads of them there); else the one being sent stays one block there. The output a
+    1F1B warm-up send keeps (warmupsend.held_send_bytes, among the cost model's buffers) is a tensor of its own: its
+    own block, not part of the buffers' (which would put it in the batch's segment)."""
     from planner.cost.rules import held_input_grads, held_outputs_bytes, outputs_held
+    from planner.cost.warmupsend import held_send_bytes
 
     pipeline = setup.pipeline
     kept = outputs_held(stage_index, pipeline.stages, setup.training, ranks=pipeline.stages)
@@ -189,14 +197,15 @@ def one_stage_rank(stage: Fsdp2Stage, last_layer, *, stage_index: int, setup: Tr
     counted = held_input_grads(stage_index, setup) * input_grad  # what the buffers hold of them
     microbatches = max(mb for _, mb in stage.actions) + 1
     last = stage_index == pipeline.stages - 1
+    send = held_send_bytes(last_layer, stage_index, setup)
     return Fsdp2Rank(
         chunks=(with_ends(replace(stage, actions=(), buffer_bytes=0), ends - output),),
         actions=tuple((0, kind, mb) for kind, mb in stage.actions), num_microbatches=microbatches,
         # the microbatches not replayed (replayed_microbatches) keep theirs among the buffers
-        buffer_bytes=int(stage.buffer_bytes - held_outputs_bytes(last_layer, stage_index, setup) - counted
+        buffer_bytes=int(stage.buffer_bytes - held_outputs_bytes(last_layer, stage_index, setup) - counted - send
                          + (pipeline.microbatches - microbatches) * (output + input_grad)),
         output_bytes=(output,), input_grad_bytes=(input_grad,),
-        merged_bytes=pipeline.microbatches * output if last else 0)
+        merged_bytes=pipeline.microbatches * output if last else 0, held_send_bytes=send)
 
 
 def rank_of(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: TrainSetup) -> Fsdp2Rank:

@@ -370,18 +370,18 @@ def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> 
 
 
 def batch_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
-    """The data the schedule holds: torch's pipelining the whole batch, inputs on the first stage
-    and targets on the last; Megatron-LM one microbatch per forward (the inputs are the first
-    layer's, the targets of those in flight stay); ColossalAI and torchtitan the whole batch on every stage
-    (torchtitan b5bcd76c with its positions, the inputs' shape and dtype); DeepSpeed a microbatch per pipe buffer."""
-    first, last = stage == 0, stage == setup.pipeline.stages - 1
-    inputs, targets, facts = profile.batch_input_bytes, profile.batch_target_bytes, runtime_facts(setup)
+    """The data the schedule holds: torch's pipelining the whole batch, inputs on the first stage and targets on the
+    last; Megatron-LM one microbatch per forward (the inputs are the first layer's, the targets of those in flight
+    stay); ColossalAI and torchtitan the whole batch on every stage, once a rank (b5bcd76c with its positions), but
+    without a pipeline what the loop keeps as it accumulates (accumulated_batch); DeepSpeed one a pipe buffer."""
+    pipeline, inputs, targets, facts = setup.pipeline, profile.batch_input_bytes, profile.batch_target_bytes, runtime_facts(setup)
+    first, last, m = stage == 0, stage == pipeline.stages - 1, pipeline.microbatches
     if (kind := facts.batch_held) == "in-flight-targets":
-        return in_flight(setup.pipeline, stage) * targets * last
+        return in_flight(pipeline, stage) * targets * last
     if kind == "every-stage":
-        return setup.pipeline.microbatches * (inputs * (1 + facts.batch_positions) + targets) * (stage < setup.pipeline.stages // setup.pipeline.chunks)  # once a rank: its chunk 0
-    held = pipe_buffers(stage, setup.pipeline) if kind == "pipe-buffers" else setup.pipeline.microbatches
-    return held * (inputs * first + targets * last)
+        held = {"current": (1, 1), "inputs": (m, 1)}.get(facts.accumulated_batch, (m, m)) if pipeline.stages == 1 else (m, m)
+        return (held[0] * inputs * (1 + facts.batch_positions) + held[1] * targets) * (stage < pipeline.stages // pipeline.chunks)
+    return (pipe_buffers(stage, pipeline) if kind == "pipe-buffers" else m) * (inputs * first + targets * last)
 
 
 def profile_tp(profile: Profile) -> int:

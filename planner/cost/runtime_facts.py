@@ -1,7 +1,7 @@
-"""What a runtime's record says (planner/cost/runtimes.py holds one per runtime): each field of
-RuntimeFacts is one fact about what a framework holds, in which dtype and when it frees, or how it
-overlaps and replays; LossRegion is the loss's memory as multiples of the bf16 logits. A record
-carries, per field, the file and version the fact was read from (`sources`)."""
+"""What a runtime's record says (planner/cost/runtimes.py holds one per runtime): each field of RuntimeFacts is one
+fact about what a framework holds, in which dtype and when it frees, or how it overlaps and replays; LossRegion is the
+loss's memory as multiples of the bf16 logits. A record carries, per field, the file and version the fact was read from
+(`sources`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from planner.cost.runtime_loss import LossRegion  # noqa: F401  read as runtime_
 
 @dataclass(frozen=True)
 class RuntimeFacts:
-    """What one framework's code holds. Values are per parameter on one rank before sharding
-    (bf16-mixed precision) unless said; the file and version of each are in `sources`. The facts under
-    fp16-mixed are fields of their own (runtime_fp16.py reads them)."""
+    """What one framework's code holds. Values are per parameter on one rank before sharding (bf16-mixed precision)
+    unless said; the file and version of each are in `sources`. The facts under fp16-mixed are fields of their own
+    (runtime_fp16.py reads them)."""
 
     name: str
     version: str  # the version these facts were read at (a runtime_version the setup may name)
@@ -33,9 +33,8 @@ class RuntimeFacts:
     """ZeRO 1 gives each rank whole tensors (torch's ZeroRedundancyOptimizer), so a stage's largest
     tensor may be held whole; False where flat buffers are split evenly, cutting through tensors."""
     grads_allocated_at_first_backward: bool
-    """The whole gradients a pipeline stage keeps between microbatches are allocated at its first
-    backward and freed at its last, by its reduce-scatter (planner/cost/gradtiming.py); False where
-    they are held all iteration (buffers allocated once)."""
+    """The whole gradients a pipeline stage keeps between microbatches are allocated at its first backward and freed
+    at its last, by its reduce-scatter (planner/cost/gradtiming.py); False where they are held all iteration."""
     zero_as_fsdp2: bool
     """Any ZeRO stage runs as FSDP2 (ZeRO 3): beside a pipeline weights and gradients stay whole until
     the last backward, without one they are resharded after every forward."""
@@ -92,25 +91,22 @@ class RuntimeFacts:
     prefetches_zero3_gathers: bool
     """ZeRO 3's weight all-gathers are prefetched beside the compute."""
     tp_overlap: str | None
-    """The runtime's setting that overlaps TP's all-gathers / reduce-scatters with the matmuls, as
-    `--tp-overlap` names it ("async-tp": torchtitan's AsyncTP; "tp-comm-overlap": Transformer
-    Engine's userbuffers under Megatron-LM); None: it has none. Read only where the setup asks for it
-    (planner/cost/comm.py)."""
+    """The runtime's setting that overlaps TP's all-gathers / reduce-scatters with the matmuls, as `--tp-overlap`
+    names it ("async-tp": torchtitan's AsyncTP; "tp-comm-overlap": Transformer Engine's userbuffers under
+    Megatron-LM); None: it has none. Read only where the setup asks for it (planner/cost/comm.py)."""
 
     # -- workspaces
     cublas_workspace_bytes: int | None
     """cuBLAS workspace per handle the runtime's published runs configure (None: not sourced)."""
     tp_gathers_float8: bool = False
-    """Under Float8 with TP and SP, a converted linear's input is cast to float8 before its
-    sequence all-gather, so the input gathered whole (and saved for the weight gradient) is 1 B an
-    element, not bf16 (torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput; Transformer Engine's
-    LayerNormLinear and a row-parallel Linear's grad_output under an FP8 quantizer; read by
-    tpgathered.tp_gathered_input_bytes and comm.gathers_float8)."""
+    """Under Float8 with TP and SP, a converted linear's input is cast to float8 before its sequence all-gather, so
+    the input gathered whole (and saved for the weight gradient) is 1 B an element, not bf16 (torchao's
+    Float8ColwiseParallel / PrepareFloat8ModuleInput; Transformer Engine's LayerNormLinear and a row-parallel Linear's
+    grad_output under an FP8 quantizer; read by tpgathered.tp_gathered_input_bytes and comm.gathers_float8)."""
     async_tp_workspace: bool = False
-    """Under its AsyncTP (tp_overlap "async-tp"), the fused ops stage each shard or partial in a
-    symmetric-memory workspace per tensor-parallel group, mapped by the CUDA driver outside the
-    caching allocator: device memory beside the reserved peak, not in it (planner/cost/asynctp.py
-    symmetric_workspace_bytes)."""
+    """Under its AsyncTP (tp_overlap "async-tp"), the fused ops stage each shard or partial in a symmetric-memory
+    workspace per tensor-parallel group, mapped by the CUDA driver outside the caching allocator: device memory
+    beside the reserved peak, not in it (planner/cost/asynctp.py symmetric_workspace_bytes)."""
 
     # -- context parallelism (planner/cost/contextparallel.py)
     cp_comm: str | None = None
@@ -357,6 +353,10 @@ class RuntimeFacts:
     accumulates_without_pipeline: bool = True
     """Several microbatches a step on one stage (gradient accumulation) are run: torchtitan 9dec370 and bbb1b616
     take one batch a step without a pipeline (runnable.accumulation_refused)."""
+    accumulated_batch: str = "whole"
+    """What that loop holds of the step's batch (rules.batch_bytes): "whole" (as batch_held says), "current" (one
+    microbatch's inputs and targets at a time), "inputs" (every microbatch's inputs to the step's end, the current
+    one's targets)."""
     ties_across_stages: bool = True
     """Tied weights may sit on several stages, their gradients summed (False: refused, runnable.tied_refused)."""
     pipeline_max_zero: int | None = None

@@ -269,6 +269,8 @@ def megatron() -> RuntimeFacts:
             "accumulates_without_pipeline": "megatron/core/pipeline_parallel/schedules.py "
                                             "forward_backward_no_pipelining: num_microbatches forwards and backwards "
                                             "a step",
+            "accumulated_batch": "batch_held's one microbatch a forward (get_batch per microbatch) with or without a "
+                                 "pipeline: not read apart",
             "pipeline_max_zero": "not read: the ZeRO stage the setup gives beside a pipeline",
             "ties_across_stages": "megatron/core/distributed/finalize_model_grads.py 164-259, 671-676 (the shared "
                                   "embedding's main_grad all-reduced over the first and last stage), §247",

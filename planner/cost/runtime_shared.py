@@ -98,6 +98,8 @@ AFTER_STEP_NOT_READ = {
     "accumulates_without_pipeline": "microbatches on one stage accumulated, as the runtime's own loop runs them "
                                     "(ckplan's runtime: its schedule over one stage; DeepSpeed: "
                                     "gradient_accumulation_steps; ColossalAI: the booster's accumulation)",
+    "accumulated_batch": "the whole batch as batch_held says: the runtime's train loop over accumulated microbatches "
+                         "not read apart from its schedule",
     "ties_across_stages": "a tied parameter's copies on two pipeline stages, their gradients all-reduced before the "
                           "step: ckplan's runtime planner/runtime/tie.py 32-61; Megatron-LM d98e8a64 "
                           "finalize_model_grads.py 164-259, 671-676 (docs/framework-facts.md §247); DeepSpeed "

@@ -141,6 +141,16 @@ _TITAN_POSITIONS = {
     "b5bcd76c": "torchtitan/components/data/collators.py 55-80 (TextCollator: positions by torch.arange, int64, the "
                 "inputs' length), trainer.py 672-748 (every batch key but input a model kwarg), 805-830 (kwarg_mbs to "
                 "every stage) at b5bcd76c"}
+# What the train loop holds of the step's batch while it accumulates without a pipeline (docs/framework-facts.md §745)
+_TITAN_ACCUMULATED = {
+    **dict.fromkeys(("9dec370", "bbb1b616"), ("whole", "no accumulation at this version (accumulates_without_pipeline)")),
+    "2c8b5947": ("current", "torchtitan 2c8b5947 torchtitan/train.py 370-399 (batch_generator moves one batch to the "
+                 "device and yields it), 471-474 (train_step rebinds input_dict, labels each microbatch): one "
+                 "microbatch's inputs and labels at a time"),
+    "b5bcd76c": ("inputs", "torchtitan b5bcd76c torchtitan/trainer.py 854-863 (microbatch_groups keeps every group's "
+                 "input_dict to the step's end), 880-896 (each group's tensors .to(device) written back into its "
+                 "input_dict; label_mbs a new list each group, its labels alone on the device): every microbatch's "
+                 "inputs and positions, the current one's labels")}
 _TITAN_CLIP_BYTES = 12
 _TITAN_FOREACH_ADAMW_EXTRA_BYTES = 80 - 28
 
@@ -166,6 +176,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         multi_schedule_lockstep=version == "9dec370",
         float8_saves_input=version == "9dec370", chunked_loss=version == "b5bcd76c",
         accumulates_without_pipeline=version not in ("9dec370", "bbb1b616"), ties_across_stages=False,
+        accumulated_batch=_TITAN_ACCUMULATED[version][0],
         loss_requests_eager_ce=version == "9dec370", final_norm_eager_fp32=version == "9dec370",
         head_reduce_scatter_cat=version == "9dec370",
         nccl_version="2.21.5" if version == "9dec370" else "2.27.7",
@@ -349,6 +360,7 @@ def torchtitan(version: str) -> RuntimeFacts:
                 "(9dec370 parallelisms/pipeline_llama.py 75-92, bbb1b616 models/llama/pipeline_llama.py 104-127, "
                 "2c8b5947 distributed/pipeline_parallel.py 279-310) with no sum of a shared parameter's gradients "
                 "(docs/framework-facts.md §305)"),
+            "accumulated_batch": _TITAN_ACCUMULATED[version][1],
             "accumulates_without_pipeline": (
                 "9dec370 train.py 253-323, bbb1b616 torchtitan/train.py 311-370: train_step takes one batch, one "
                 "forward and backward, the optimizer step (gradient accumulation came in 8570415c, #1238)"
