@@ -12,7 +12,7 @@ from fixtures.cli import run_ok
 from test_costmodel import four_layers, setup, stage_of
 
 from planner import io
-from planner.cost import costmodel, frozen
+from planner.cost import costmodel, dataparallel, frozen, rules
 from planner.cost.layers import layer_costs
 from planner.runtime.memtrack import PeakMemory
 
@@ -112,3 +112,79 @@ def test_a_launch_trains_a_frozen_model_as_one_process_does(frozen_plan):
     report, plan = io.load_report(folder / "run.json"), io.load_plan(folder / "plan.yaml")
     assert [stage.measured.static_bytes for stage in report.stages] == [stage.predicted.static_bytes
                                                                        for stage in plan.stages]
+
+
+LINK = dict(shard_gb_per_s=1.0, overlap_grad_reduce=False)  # 1 GB/s, each collective exposed
+
+
+@pytest.mark.parametrize("changes, frozen_ms, trained_ms", [
+    # ZeRO 0: a ring all-reduce of 131,072 x 4 B over 2 ranks moves 2 x 1/2 of it: 524,288 B at 1 GB/s
+    ({"dp": 2}, 0.0, 0.524288),
+    # ZeRO 1: a reduce-scatter (1/2 of 524,288 B) and ZeroRedundancyOptimizer's send of its stepped weights (as much)
+    ({"dp": 2, "zero": 1}, 0.0, 0.262144 + 0.262144),
+    # FSDP2 (ZeRO 2): the frozen weight is gathered like the trained one (262,144 B), its reduce-scatter hides
+    ({"dp": 2, "zero": 2}, 0.262144, 0.262144),
+])
+def test_a_frozen_layer_reduces_no_gradient(changes, frozen_ms, trained_ms):
+    """blocks.0 frozen, blocks.1 of its kind trained: the step row's collectives of each, by hand (§729)."""
+    costs = {layer.name: layer for layer in layer_costs(_frozen_four("blocks.0"))}
+    s = setup(1, **changes, **LINK)
+    assert rules.layer_step_ms(costs["blocks.0"], s) == pytest.approx(frozen_ms, abs=1e-12)
+    assert rules.layer_step_ms(costs["blocks.1"], s) == pytest.approx(trained_ms)
+
+
+def test_an_offloaded_optimizer_copies_no_frozen_parameter():
+    """ZeRO 1 with the optimizer on the host: the frozen layer has nothing to copy nor step; the trained one its
+    offload_ms beside its reduce-scatter and send (0.262144 ms each, as above)."""
+    costs = {layer.name: layer for layer in layer_costs(_frozen_four("blocks.0"))}
+    s = setup(1, dp=2, zero=1, offload=True, host_gb_per_s=1.0, host_step_ns_per_param=10.0, **LINK)
+    assert rules.layer_step_ms(costs["blocks.0"], s) == 0.0
+    assert rules.layer_step_ms(costs["blocks.1"], s) == pytest.approx(2 * 0.262144 + dataparallel.offload_ms(131072, s))
+
+
+def test_zero_one_partitions_the_trained_tensors_alone():
+    """Four single-tensor layers, embed and blocks.0 frozen, dp 4 ZeRO 1 (fp32 Adam): ZeroRedundancyOptimizer
+    partitions blocks.1 (131,072) and head (32,768), so one rank steps blocks.1 whole: 131,072 x 8 B of Adam state,
+    where an even 1/4 of the trained 163,840 is 327,680 B; the excess 720,896 B (with frozen ones counted, 1/4 of
+    360,448 would have left 327,680). Static, by hand: 196,608 x 4 + 163,840 x (4 + 4 + 8 / 4) + 720,896."""
+    profile = _frozen_four("embed", "blocks.0")
+    profile = profile.model_copy(update={"layers": [layer.model_copy(update={"largest_param_count": layer.param_count})
+                                                    for layer in profile.layers]})
+    names = ["embed", "blocks.0", "blocks.1", "head"]
+    assert stage_of(profile, setup(1, dp=4, zero=1), 0, names, []).static_bytes == pytest.approx(
+        196608 * 4 + 163840 * 10 + 720896)
+
+
+@pytest.mark.parametrize("solver", ["dp", "milp"])
+def test_the_solvers_charge_frozen_parameters_as_the_score_does(tmp_path, solver):
+    """dp 4 ZeRO 1 at 1 GB/s over the four single-tensor layers, embed and blocks.0 frozen: each solver's plan
+    predicts, stage by stage, the static bytes and step time stage_cost scores its split at (no frozen reduction,
+    ZeRO 1's whole tensors among the trained ones alone)."""
+    profile = _frozen_four("embed", "blocks.0")
+    profile = profile.model_copy(update={"layers": [layer.model_copy(update={"largest_param_count": layer.param_count})
+                                                    for layer in profile.layers]})
+    io.save_profile(profile, tmp_path / "p.json")
+    run_ok("solve", "--profile", tmp_path / "p.json", "--mem", "1GiB", "--stages", "2", "--microbatches", "4",
+           "--dp", "4", "--zero", "1", "--shard-bandwidth", "1", "--solver", solver, "--out", tmp_path / "plan.yaml")
+    plan = io.load_plan(tmp_path / "plan.yaml")
+    s = plan.setup
+    for stage in plan.stages:
+        scored = stage_of(profile, s, stage.index, stage.layers, stage.checkpointed)
+        assert stage.predicted.static_bytes == pytest.approx(scored.static_bytes)
+        assert stage.predicted.step_ms == pytest.approx(scored.step_ms)
+
+
+@pytest.mark.slow
+def test_a_zero_one_launch_holds_the_trained_tensors_partition(frozen_plan):
+    """dp 2 ZeRO 1 on one stage: ZeroRedundancyOptimizer partitions the 3 trained tensors (64; 16 and 2) over the 2
+    ranks, so rank 0 holds the 80 frozen x 4 B, the 82 trained weights and gradients x 8 B, Adam's m and v of its
+    64 (x 8 B) and one step count (4 B): 1,492 B, measured. The plan charges that and the other rank's two step
+    counts (stepcounts.py counts every trained tensor of the stage): 8 B over. With the frozen ones in the even
+    share (162 / 2 > 64) it charged no whole tensor: 1,316 B, 176 under."""
+    folder, _ = frozen_plan
+    run_ok("solve", "--profile", folder / "p.json", "--mem", "100MiB", "--stages", "1", "--microbatches", "2",
+           "--dp", "2", "--zero", "1", "--out", folder / "z1.yaml")
+    run_ok("launch", folder / "z1.yaml", "--steps", "1", "--warmup-steps", "0", "--report", folder / "z1.json")
+    measured = io.load_report(folder / "z1.json").stages[0].measured.static_bytes
+    assert measured == 80 * 4 + 82 * 8 + 64 * 8 + 4
+    assert io.load_plan(folder / "z1.yaml").stages[0].predicted.static_bytes == measured + 2 * 4

@@ -359,7 +359,7 @@ def overlaps_comm(setup: TrainSetup) -> bool:
 
 
 def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0, bwd_ms: float = 0.0,
-                    expert_count: int = 0, fp8_count: int = 0, shared: int = 0) -> float:
+                    expert_count: int = 0, fp8_count: int = 0, shared: int = 0, frozen: int = 0) -> float:
     """A layer's gradient reductions and weight gathers per iteration, as far as they are not
     hidden behind compute (Megatron-LM's DDP under a schedule of several chunks a rank: none, the schedule's
     simulation places them, megatron_dp.py). Overlapped, each reduction hides behind a backward as long as this
@@ -372,7 +372,7 @@ def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0,
     routed experts': the rank's 1/E of them reduce and gather in their expert-data-parallel
     group, in the same window as the dense ones (the collectives run one after the other). Where a
     pipeline's runtime reduces after the stage's last backward, the schedule carries them (pipereduce.py)."""
-    gather, reduce = collectives_ms(param_count, setup, expert_count=expert_count, fp8_count=fp8_count, shared=shared)
+    gather, reduce = collectives_ms(param_count, setup, expert_count=expert_count, fp8_count=fp8_count, shared=shared, frozen=frozen)
     if ddp_buckets(setup):  # the schedule carries the reductions and overlapped gathers (megatron_dp.py)
         return 0.0 if gathers_in_forward(setup) else gather
     if gathers_in_forward(setup):  # each layer's behind the first forward of the one before: as its own
@@ -393,15 +393,16 @@ def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0,
 
 
 def collectives_ms(param_count: int, setup: TrainSetup, *, expert_count: int = 0,
-                   fp8_count: int = 0, shared: int = 0) -> tuple[float, float]:
-    """(the weight gathers, the gradient reductions) of a layer's parameters per iteration, ms, the
-    routed experts' (`expert_count` of them, the rank's 1/E held) in their own group."""
+                   fp8_count: int = 0, shared: int = 0, frozen: int = 0) -> tuple[float, float]:
+    """(the weight gathers, the gradient reductions) of a layer's parameters per iteration, ms, the routed experts'
+    (`expert_count`, the rank's 1/E held) in their own group; `frozen` dense ones never reduced nor ZeRO 1-sent (§729)."""
     dense, experts = param_count - expert_count, expert_setup(setup)
     held = held_expert_params(expert_count, setup)
     apart = setup.comm.tp * setup.data_parallel.ep  # the expert-data-parallel group's ranks (Megatron-LM's order)
-    reduce = grad_reduce_ms(dense - shared, setup) + (grad_reduce_ms(held, experts, stride=apart) if expert_count else 0.0)
+    reduce = grad_reduce_ms(max(0, dense - shared - frozen), setup) + (grad_reduce_ms(held, experts, stride=apart) if expert_count else 0.0)
     per_use = setup.data_parallel.zero >= 3 and not kept_whole(setup)  # ZeRO 3 gathers for each module using it
-    gather = weight_gather_ms(dense - (0 if per_use else shared), setup, fp8_count=fp8_count) + (weight_gather_ms(held, experts)
+    unsent = frozen if setup.data_parallel.zero == 1 else 0  # ZeroRedundancyOptimizer sends the params it steps
+    gather = weight_gather_ms(dense - (0 if per_use else shared) - unsent, setup, fp8_count=fp8_count) + (weight_gather_ms(held, experts)
                                                                    if expert_count else 0.0)
     return gather, reduce
 
@@ -429,24 +430,25 @@ def reduced_after_last_backward(setup: TrainSetup) -> bool:
             and runtimes.of(setup.training).reduces_after_last_backward)
 
 
-def step_term_ms(param_count: int, step_ms: float, setup: TrainSetup, *, fwd_ms: float = 0.0,
-                 bwd_ms: float = 0.0, expert_count: int = 0, fp8_count: int = 0, shared: int = 0) -> float:
+def step_term_ms(param_count: int, step_ms: float, setup: TrainSetup, *, fwd_ms: float = 0.0, bwd_ms: float = 0.0,
+                 expert_count: int = 0, fp8_count: int = 0, shared: int = 0, frozen: int = 0) -> float:
     """Everything data parallelism charges a layer once per iteration: its optimizer step (on
     the device, or offloaded), and its gradient reduction and weight gathers where not hidden
     behind its forward (`fwd_ms`) and backward (`bwd_ms`) compute (exposed_comm_ms). Of
     param_count, `expert_count` are routed experts': the rank steps its 1/E of them, sharded
     over their expert-data-parallel group (the step's time per parameter, the layer's); `shared` are reduced,
-    offloaded and stepped by an earlier layer (a tied head's weight on its embedding's rank), gathered here too."""
+    offloaded and stepped by an earlier layer (a tied head's weight on its embedding's rank), gathered here too;
+    `frozen` gathered, neither reduced nor offloaded (runtime/mesh.py dp_optimizer holds those requiring grad)."""
     comm = exposed_comm_ms(param_count, setup, fwd_ms=fwd_ms, bwd_ms=bwd_ms, expert_count=expert_count,
-                           fp8_count=fp8_count, shared=shared)
+                           fp8_count=fp8_count, shared=shared, frozen=frozen)
     if not expert_count:
-        offload = offload_ms(param_count - shared, setup) if setup.data_parallel.offload else 0.0
+        offload = offload_ms(max(0, param_count - shared - frozen), setup) if setup.data_parallel.offload else 0.0
         return device_step_ms(step_ms, setup) + offload + comm
     dense, experts = param_count - expert_count, expert_setup(setup)
     held = held_expert_params(expert_count, setup)
     per_param = step_ms / param_count
     step = device_step_ms(per_param * dense, setup) + device_step_ms(per_param * held, experts)
-    offload = offload_ms(dense, setup) + offload_ms(held, experts) if setup.data_parallel.offload else 0.0
+    offload = offload_ms(max(0, dense - frozen), setup) + offload_ms(held, experts) if setup.data_parallel.offload else 0.0
     return step + offload + comm
 
 

@@ -206,7 +206,7 @@ def third_gather_ms(layer: LayerCost, option: int, profile: Profile, setup: Trai
     share = third_gather_share(profile, layer, setup, option)
     if not share:
         return 0.0
-    gather, reduce = dataparallel.collectives_ms(layer.param_count, setup)
+    gather, reduce = dataparallel.collectives_ms(layer.param_count, setup, frozen=layer.frozen_param_count)
     microbatches = setup.pipeline.microbatches
     gather_once, reduce_once = gather / (2 * microbatches), reduce / dataparallel.reductions_per_iteration(setup)
     # full: the record reruns whole forwards (recompute_whole_forward: DeepSpeed's reentrant checkpoint);

@@ -101,7 +101,7 @@ def _collectives_once_ms(layer: LayerCost, setup: TrainSetup) -> tuple[float, fl
     """(one all-gather, one reduction) of the layer's parameters, ms: dataparallel's per-iteration
     gathers and reductions over their counts (their bytes over the link; no latency)."""
     gather, reduce = collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count,
-                                    fp8_count=layer.float8_param_count)
+                                    fp8_count=layer.float8_param_count, frozen=layer.frozen_param_count)
     return gather / (2 * setup.pipeline.microbatches), reduce / reductions_per_iteration(setup)
 
 
@@ -172,4 +172,4 @@ def _charged_ms(layer: LayerCost, setup: TrainSetup) -> float:
     """dataparallel.exposed_comm_ms of the layer, as the step row charges it (rules.layer_step_ms)."""
     return exposed_comm_ms(layer.param_count, setup, fwd_ms=compute_ms(layer.fwd_ms, setup.time),
                            bwd_ms=compute_ms(layer.bwd_ms, setup.time), expert_count=layer.expert_param_count,
-                           fp8_count=layer.float8_param_count)
+                           fp8_count=layer.float8_param_count, frozen=layer.frozen_param_count)

@@ -131,6 +131,12 @@ class LayerCost:
         raise ValueError(f"layer {self.name} has no recompute option {name!r}")
 
     @property
+    def trained_count(self) -> int:
+        """Its parameters requiring grad: those an optimizer (ZeroRedundancyOptimizer's partition: ZeRO 1's whole
+        tensors) and a gradient reduction hold (runtime/mesh.py dp_optimizer; framework-facts §729)."""
+        return self.param_count - self.frozen_param_count
+
+    @property
     def recompute_saving_bytes(self) -> int:
         """Bytes per microbatch that checkpointing this layer frees."""
         return self.act_bytes - self.input_bytes

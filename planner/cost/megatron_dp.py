@@ -113,7 +113,7 @@ def buckets(layers: Sequence[LayerCost], setup: TrainSetup, *, size: int | None)
     """A chunk's buckets in Megatron's order (from its last parameter back), `size` parameters each
     (None: one). A layer's share of each is its parameters' share, its collectives in proportion."""
     costs = [collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count,
-                            fp8_count=layer.float8_param_count) for layer in layers]
+                            fp8_count=layer.float8_param_count, frozen=layer.frozen_param_count) for layer in layers]
     fwd = _shares([layer.fwd_ms for layer in layers], layers)
     bwd = _shares([layer.bwd_ms for layer in layers], layers)
     total = sum(layer.param_count for layer in layers)
@@ -170,7 +170,7 @@ def edge_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> fl
             and layer.name == profile.layers[0].name):
         return 0.0
     gather, reduce = collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count,
-                                    fp8_count=layer.float8_param_count)
+                                    fp8_count=layer.float8_param_count, frozen=layer.frozen_param_count)
     hidden = min(reduce, compute_ms(layer.bwd_ms, setup.time)) if overlaps_comm(setup) else 0.0
     if gathers_overlapped(setup):
         hidden += min(gather, compute_ms(layer.fwd_ms, setup.time))

@@ -130,7 +130,7 @@ def layer_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
     except UserError:
         return 0.0
     gather, reduce = dp.collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count,
-                                       fp8_count=layer.float8_param_count)
+                                       fp8_count=layer.float8_param_count, frozen=layer.frozen_param_count)
     reduce -= deepspeed_waits.waited_reduce_ms(layer, profile, setup)  # beside no GEMM: the host waits for them
     gather_share, reduce_share = layers_shares(gpu, sm_count(gpu), setup, [layer])
     fwd, bwd = compute_ms(layer.fwd_ms, setup.time), compute_ms(layer.bwd_ms, setup.time)

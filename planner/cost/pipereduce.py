@@ -32,7 +32,8 @@ def stage_reductions_ms(layers: Sequence[LayerCost], setup: TrainSetup) -> float
     where the runtime reduces beside the backward (dataparallel.exposed_comm_ms charges them there)."""
     if not reduced_after_last_backward(setup):
         return 0.0
-    return sum(collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count)[1] for layer in layers)
+    return sum(collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count,
+                             frozen=layer.frozen_param_count)[1] for layer in layers)
 
 
 def drain_ms(layers: Sequence[LayerCost], setup: TrainSetup) -> float:

@@ -200,7 +200,7 @@ def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
     step = layer.step_at(setup.training.optimizer, setup.time.rank_threads) * (1 - shared / max(1, layer.param_count))
     return dataparallel.step_term_ms(layer.param_count, step, setup, fwd_ms=compute_ms(layer.fwd_ms, setup.time),
                                      bwd_ms=compute_ms(layer.bwd_ms, setup.time),
-                                     expert_count=layer.expert_param_count,
+                                     expert_count=layer.expert_param_count, frozen=layer.frozen_param_count,
                                      fp8_count=layer.float8_param_count, shared=shared) + tied_sum_ms(layer, setup)
 
 

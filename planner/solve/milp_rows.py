@@ -335,7 +335,7 @@ def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:
     optim = dataparallel.whole_tensor_optim_bytes(setup)
     if not optim or not any(largest):
         return []
-    params = pulp.lpSum(run.layer.param_count * n(s, g) for g, run in enumerate(problem.runs))
+    params = pulp.lpSum(run.layer.trained_count * n(s, g) for g, run in enumerate(problem.runs))
     excess = pulp.LpVariable(f"Z_{s}", lowBound=0)
     for g, run in enumerate(problem.runs):
         if largest[g]:
