@@ -4,6 +4,7 @@
     python scripts/published_rows.py run --out out [--only M17,M18] [-j N]        # each row's terms, OUT/<row>.json
     python scripts/published_rows.py table out [out2]                             # §18's table (before -> after)
     python scripts/published_rows.py split --only M17                             # the iteration, split by term
+    python scripts/published_rows.py split --only E4 --terms                      # one microbatch of its slowest stage
 
 The rows, their published figures and sources, the profiles and the `ckplan evaluate` arguments are
 scripts/published_rows.toml. Profiles go to --work (default .published-rows/profiles); one made by the same
@@ -281,9 +282,10 @@ def run_row(row: Row, work: Path) -> dict:
             "feasible": cost.feasible, "stages": [stage_terms(i, s) for i, s in enumerate(cost.stages)]}
 
 
-def split(row: Row, work: Path) -> dict:
-    """The row's iteration split by term (split_terms) as `ckplan evaluate` costs its hand configuration."""
-    return split_terms(row.id, *capture(evaluate_args(row, work)))
+def split(row: Row, work: Path, *, terms: bool = False) -> dict:
+    """The row's iteration split by term (split_terms) as `ckplan evaluate` costs its hand configuration; with
+    `terms`, one microbatch of its slowest stage (microbatch_terms)."""
+    return (microbatch_terms if terms else split_terms)(row.id, *capture(evaluate_args(row, work)))
 
 
 def split_terms(row_id: str, stages, profile, setup, cost) -> dict:
@@ -313,6 +315,35 @@ def split_terms(row_id: str, stages, profile, setup, cost) -> dict:
             "cp_exchange_s": microbatches * cp / 1e3, "cp_ring_membound_s": microbatches * ring / 1e3,
             "sends_s": microbatches * sends / 1e3, "step_and_exposed_dp_s": step / 1e3,
             "bubble_s": (cost.iteration_ms - busy) / 1e3}
+
+
+def microbatch_terms(row_id: str, stages, profile, setup, cost) -> dict:
+    """One microbatch of the slowest stage (the most time_ms + comm_ms: what a pipeline's steady state repeats) by
+    the cost model's own time rows (planner/cost/terms.py): each layer row summed over the stage's layers at their
+    recompute options, keyed by the layer's kind (its name without indices) and the term's name, then the rows
+    that read the stage's first or last layer or its position; `comm_ms` is the stage's busy time beside them (the
+    pipeline's sends). The terms add up to the stage's time_ms: `unsplit_ms` is what they leave (0 while the
+    accumulator adds nothing beyond its rows)."""
+    from planner.cost import assembly, costmodel, terms
+
+    layers = {layer.name: layer for layer in costmodel.layer_costs(profile)}
+    ctx = terms.Context(profile=profile, setup=setup)
+    index = max(range(len(cost.stages)), key=lambda s: cost.stages[s].time_ms + cost.stages[s].comm_ms)
+    stage, stage_cost = stages[index], cost.stages[index]
+    costs = [layers[name] for name in stage.layers]
+    split: dict[str, float] = {}
+    for layer, option in zip(costs, assembly.option_indices(stage, costs)):
+        kind = ".".join(part for part in layer.name.split(".") if not part.isdigit())
+        for term in terms._rows("time", "layer"):
+            if value := term.value(layer, option, ctx):
+                split[f"{kind}: {term.name}"] = split.get(f"{kind}: {term.name}", 0.0) + value
+    for where, args in (("open", (costs[0], index)), ("close", (costs[-1], index)), ("stage", (index,))):
+        for term in terms._rows("time", where):
+            if value := term.value(*args, ctx):
+                split[f"{where}: {term.name}"] = split.get(f"{where}: {term.name}", 0.0) + value
+    return {"id": row_id, "stage": index, "layers": len(costs), "microbatch_ms": stage_cost.time_ms + stage_cost.comm_ms,
+            "time_ms": stage_cost.time_ms, "comm_ms": stage_cost.comm_ms, "terms_ms": split,
+            "unsplit_ms": stage_cost.time_ms - sum(split.values())}
 
 
 def _attention_core_ms(record, option: int) -> float:
@@ -355,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         if name in ("profiles", "run"):
             p.add_argument("-j", "--jobs", type=int, default=1, help="processes at once [default: 1]")
     sub.choices["profiles"].add_argument("--remake", action="store_true", help="make every profile again")
+    sub.choices["split"].add_argument("--terms", action="store_true",
+                                      help="one microbatch of the slowest stage by the cost model's time rows")
     sub.choices["run"].add_argument("--out", type=Path, required=True, help="folder for each row's JSON")
     sub.choices["one"].add_argument("row")
     sub.choices["one"].add_argument("--out", type=Path, required=True)
@@ -375,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             (args.out / f"{row.id}.json").write_text(json.dumps(run_row(row, args.work), indent=1) + "\n")
         elif args.command == "split":
             for row in table.select(args.only):
-                print(json.dumps(split(row, args.work)))
+                print(json.dumps(split(row, args.work, terms=args.terms)))
         else:
             if len(args.folders) > 2:
                 raise HarnessError("give one results folder, or two (before, after)")
