@@ -142,6 +142,13 @@ class LayerCost:
         return self.param_count - self.frozen_param_count
 
     @property
+    def largest_trained_count(self) -> int:
+        """Its largest tensor as ZeroRedundancyOptimizer's partition sees it: none where every parameter is frozen (the
+        runtime hands it only those requiring grad: §729); the largest of all where some train (the profile records
+        no largest trained tensor: an upper bound)."""
+        return self.largest_param_count if self.trained_count else 0
+
+    @property
     def recompute_saving_bytes(self) -> int:
         """Bytes per microbatch that checkpointing this layer frees."""
         return self.act_bytes - self.input_bytes
