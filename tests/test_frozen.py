@@ -155,6 +155,23 @@ def test_zero_one_partitions_the_trained_tensors_alone():
         196608 * 4 + 163840 * 10 + 720896)
 
 
+def _whole_tensors(*frozen_names: str):
+    """_frozen_four with each layer one tensor (largest_param_count its param_count)."""
+    profile = _frozen_four(*frozen_names)
+    return profile.model_copy(update={"layers": [layer.model_copy(update={"largest_param_count": layer.param_count})
+                                                 for layer in profile.layers]})
+
+
+def test_zero_one_takes_the_largest_trained_tensor():
+    """blocks.0 and blocks.1 (131,072 each) frozen, embed (65,536) and head (32,768) trained, dp 4 ZeRO 1: the rank
+    holding embed keeps its Adam state whole, (65,536 - 98,304 / 4) x 8 = 327,680 B beyond the even share; with the
+    frozen blocks' tensor taken as the largest it was (131,072 - 24,576) x 8 = 851,968 B. Static, by hand:
+    262,144 x 4 + 98,304 x (4 + 4 + 8 / 4) + 327,680."""
+    names = ["embed", "blocks.0", "blocks.1", "head"]
+    static = stage_of(_whole_tensors("blocks.0", "blocks.1"), setup(1, dp=4, zero=1), 0, names, []).static_bytes
+    assert static == pytest.approx(262144 * 4 + 98304 * 10 + 327680)
+
+
 @pytest.mark.parametrize("solver", ["dp", "milp"])
 def test_the_solvers_charge_frozen_parameters_as_the_score_does(tmp_path, solver):
     """dp 4 ZeRO 1 at 1 GB/s over the four single-tensor layers, embed and blocks.0 frozen: each solver's plan

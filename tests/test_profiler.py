@@ -191,8 +191,9 @@ def test_kinds_tell_frozen_and_reshaped_layers_apart():
 def test_backward_transient_counts_the_weight_grad_and_incoming_grad():
     # Linear(64, 64) on a 2x64 input: backward allocates grad_input (2x64), a temporary
     # weight grad (64x64) and bias grad (64) before adding them into .grad; the
-    # incoming grad (2x64) is live throughout. Those dominate; forward keeps only the output.
-    result = _measure(nn.Sequential(nn.ReLU(), nn.Linear(64, 64)), torch.randn(2, 64), torch.randn(2, 64))
+    # incoming grad (2x64) is live throughout. Those dominate; forward keeps only the output. The first layer trains,
+    # so the Linear's input requires a gradient (after a parameterless first layer it would not: no grad_input, §730).
+    result = _measure(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)), torch.randn(2, 64), torch.randn(2, 64))
     linear = result.layers[1]
     assert linear.transient_bytes >= (2 * 64 + 64 * 64 + 64 + 2 * 64) * F32
 

@@ -362,7 +362,7 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
     per_layer = gathered.stage_unit_moments(layers, options, per_layer, stage=stage, profile=profile, setup=setup,
                                             microbatch_kept=sum(totals[q] for q in quantities("kept")))
     static = totals["static"] + dataparallel.zero_one_excess_bytes(
-        sum(layer.trained_count for layer in layers), max(layer.largest_param_count for layer in layers), setup)
+        sum(layer.trained_count for layer in layers), max(layer.largest_trained_count for layer in layers), setup)
     loss_extra = stage_value("extra", stage, ctx)
     # the loss's scratch is gone before the stage's layers run their backward, and what the loss keeps (the last
     # stage) is freed before any of them does: after the last layer; `floor`: what static lacks until then

@@ -102,6 +102,11 @@ class LayerCost:
     # of param_count, those this layer holds frozen (requires_grad False: the profile's param_count less its
     # trained_param_count; 0 where it records none): held as weights, no gradient nor optimizer state
     frozen_param_count: int = 0
+    # whether its input and its output require a gradient in the model's forward (the profile's input_requires_grad,
+    # this layer's and the next one's): where not, torch's pipelining sends no gradient of a stage input and makes no
+    # receive buffer for the gradient of a stage output (rules.first_layer_buffer_bytes, last_layer_buffer_bytes)
+    input_grad: bool = True
+    output_grad: bool = True
 
     def step_at(self, optimizer: str, threads: int | None) -> float:
         """The optimizer's step over the layer at `threads` torch threads (None: as profiled): linear between the
@@ -135,6 +140,13 @@ class LayerCost:
         """Its parameters requiring grad: those an optimizer (ZeroRedundancyOptimizer's partition: ZeRO 1's whole
         tensors) and a gradient reduction hold (runtime/mesh.py dp_optimizer; framework-facts §729)."""
         return self.param_count - self.frozen_param_count
+
+    @property
+    def largest_trained_count(self) -> int:
+        """Its largest tensor as ZeroRedundancyOptimizer's partition sees it: none where every parameter is frozen (the
+        runtime hands it only those requiring grad: §729); the largest of all where some train (the profile records
+        no largest trained tensor: an upper bound)."""
+        return self.largest_param_count if self.trained_count else 0
 
     @property
     def recompute_saving_bytes(self) -> int:
@@ -245,13 +257,19 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
     tied = tied_sets(profile)
     before = {name: sum(item.param_count for item in profile.tied if name in item.layers[1:])
               for name in {name for item in profile.tied for name in item.layers[1:]}}
-    out = shared_out(profile.layers)
+    out, grads = shared_out(profile.layers), input_grads(profile.layers)
     return [LayerCost(name=layer.name, kind=layer.kind, variant=layer.variant,
                       **{**per_kind[layer.kind, layer.variant],
                          "act_bytes": per_kind[layer.kind, layer.variant]["act_bytes"] - shared},
                       output_shared_bytes=shared, tied=tied.get(layer.name, ()), shared_before=before.get(layer.name, 0),
-                      frozen_param_count=frozen_count(layer))
-            for layer, shared in zip(profile.layers, out)]
+                      frozen_param_count=frozen_count(layer), input_grad=grads[index], output_grad=grads[index + 1])
+            for index, (layer, shared) in enumerate(zip(profile.layers, out))]
+
+
+def input_grads(layers) -> list[bool]:
+    """Whether each profile layer's input requires a gradient (LayerProfile.input_requires_grad; True where not
+    recorded, as charged before), then True for the last layer's output: the loss's backward starts there."""
+    return [layer.input_requires_grad is not False for layer in layers] + [True]
 
 
 def frozen_count(layer) -> int:

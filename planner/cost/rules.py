@@ -325,8 +325,8 @@ def held_outputs_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
 
 
 def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
-    """What holds the stage input besides the first layer (none on stage 0): torch's pipelining
-    one receive buffer per microbatch plus the input's gradient being sent; Megatron-LM and
+    """What holds the stage input besides the first layer (none on stage 0): torch's pipelining one receive buffer
+    per microbatch plus the input's gradient being sent (none for an input needing none: §731); Megatron-LM and
     ColossalAI only that gradient; DeepSpeed its pipe buffers and the receive buffer."""
     if stage == 0:
         return 0
@@ -336,7 +336,7 @@ def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) ->
     elif held == "pipe-buffers":
         copies = pipe_buffers(stage, setup.pipeline) + 1
     else:
-        copies = setup.pipeline.microbatches + held_input_grads(stage, setup)
+        copies = setup.pipeline.microbatches + held_input_grads(stage, setup) * layer.input_grad
     return copies * layer.input_bytes
 
 
@@ -361,11 +361,11 @@ def first_layer_reduced_back_bytes(layer: LayerCost, setup: TrainSetup) -> float
 
 
 def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
-    """Receive buffers for the gradient of the stage output (none on the last stage): one per
-    microbatch under torch's pipelining; the frameworks take one gradient at a time."""
-    if stage == setup.pipeline.stages - 1:
-        return 0
+    """Receive buffers for the gradient of the stage output (none on the last stage): one per microbatch under
+    torch's pipelining, none for an output needing no gradient (§731); the frameworks take one gradient at a time."""
     per_microbatch = runtime_facts(setup).output_grad_buffers_per_microbatch
+    if stage == setup.pipeline.stages - 1 or (per_microbatch and not layer.output_grad):
+        return 0
     return (setup.pipeline.microbatches if per_microbatch else 1) * layer.output_bytes
 
 

@@ -27,9 +27,12 @@ def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: s
     the host; none where the runtime's record says its Adam is fused and in place). ZeRO ≥ 1 steps 1/K of them: FSDP2 (ZeRO 2/3) 1/K of every tensor; ZeRO 1
     (ZeroRedundancyOptimizer) whole tensors, 1/K of them, so on cpu, where the step's scratch
     is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it. On one stage a parameter an
-    earlier layer shares is stepped there, once (rules.layer_step_ms)."""
+    earlier layer shares is stepped there, once (rules.layer_step_ms). A frozen parameter is never stepped (torch's
+    optimizers skip a parameter without .grad: §710) and has no gradient to copy or cast."""
     if layer.shared_before and setup.pipeline.stages == 1:
         layer = dataclasses.replace(layer, param_count=layer.param_count - layer.shared_before)
+    if layer.frozen_param_count:
+        layer = dataclasses.replace(layer, param_count=max(0, layer.param_count - layer.frozen_param_count))
     copy = bridgeterms.step_grad_copy_bytes(layer.param_count, setup) + reduce_cast_bytes(layer, setup)
     if setup.data_parallel.offload or not runtime_facts(setup).adam_step_scratch:
         return copy  # fused multi-tensor Adam (Megatron-LM's TE/apex FusedAdam) allocates none

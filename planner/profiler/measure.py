@@ -37,7 +37,7 @@ from planner.cost.optimizers import OPTIMIZERS, make_optimizer
 from planner.cost.tied import check_tieable, tied_params
 from planner.errors import UserError
 from planner.profiler import allocseq, options, sanity
-from planner.profiler.kinds import buffer_bytes, layer_kinds, lookup_param_count
+from planner.profiler.kinds import buffer_bytes, input_grads, layer_kinds, lookup_param_count
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.splitbackward import SplitTimeJob, split_per_option, split_time_job
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
@@ -48,6 +48,7 @@ from planner.profiler.transients import (  # noqa: F401  (the fake profiler read
     _loss_transient_bytes,
     _transient_bytes,
     _transient_parts,
+    forward_only_bytes,
 )
 from planner.profiler.userfault import blame
 from planner.runtime.routing import Routing, find_experts, layer_routing
@@ -93,15 +94,16 @@ def measure_model(
     `on_progress(done, total, what)` after every piece of work (a layer set up, a round of
     timing every layer, a layer's optimizer steps), so a long first layer is not silence."""
     check_tieable(layers)  # sharing that a pipeline cannot keep tied is refused at the first command
-    kinds = layer_kinds(layers)
-    work = _Work(on_progress, total=2 * len(layers) + 1 + warmup + repeats)
     layer_inputs = [inputs, *layer_outputs[:-1]]
+    needs_grad = input_grads(layers, layer_inputs)
+    kinds = layer_kinds(layers, needs_grad)
+    work = _Work(on_progress, total=2 * len(layers) + 1 + warmup + repeats)
     with blame("the MoE layers' routing"):
         routing = [layer_routing(layer, x) for (_, layer), x in zip(layers, layer_inputs, strict=True)]
     timed, warnings = [], []
     for index, (name, layer) in enumerate(layers):
-        # Cut the graph at the layer's input; only the batch (layer 0) needs no input grad.
-        x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
+        # Cut the graph at the layer's input, requiring a gradient as the model's forward makes it (input_grads)
+        x = layer_inputs[index].detach().requires_grad_(needs_grad[index] and layer_inputs[index].is_floating_point())
         with blame(f"layer {name!r}"):
             timed.append(_TimedLayer.prepare(name, layer, x, layer_outputs[index]))
         warnings += timed[-1].failed_options(kinds[index])
@@ -134,7 +136,8 @@ def measure_model(
 
     def layer_profiles() -> list[LayerProfile]:
         return [t.profile(kind=kinds[i], act_bytes=saved.act_bytes[i], input_in_act_bytes=saved.input_in_act_bytes[i],
-                          input_shared_bytes=saved.input_shared_bytes[i], option_bytes=saved.option_bytes[i], routing=routing[i])
+                          input_shared_bytes=saved.input_shared_bytes[i], option_bytes=saved.option_bytes[i], routing=routing[i],
+                          input_requires_grad=needs_grad[i])
                 for i, t in enumerate(timed)]
 
     warnings = list(dict.fromkeys(warnings))  # an option a kind's layers cannot run, said once
@@ -267,6 +270,8 @@ class _TimedLayer:
 
         reset_input_grad()
         transient, incoming = _transient_parts(layer, x, grad)
+        if not (x.requires_grad or any(param.requires_grad for param in layer.parameters())):
+            transient = forward_only_bytes(layer, x)  # it runs no backward and keeps nothing (§730)
         expert_transient = _expert_transient_bytes(layer, x, grad, transient)
         reset_input_grad()
         has_backward = grad is not None and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
@@ -317,8 +322,8 @@ class _TimedLayer:
         self.x.grad = None
 
     def profile(self, *, kind: str, act_bytes: int, input_in_act_bytes: int, input_shared_bytes: int,
-                option_bytes: dict[str, int],
-                routing: Routing | None = None) -> LayerProfile:
+                option_bytes: dict[str, int], routing: Routing | None = None,
+                input_requires_grad: bool | None = None) -> LayerProfile:
         fwd, bwd = self.job.stats()[0]
         params = list(self.layer.parameters())
         recompute_ms = self.recompute_ms()
@@ -343,6 +348,7 @@ class _TimedLayer:
             largest_param_count=max((p.numel() for p in params), default=0),
             param_tensors=sum(p.requires_grad for p in params),
             trained_param_count=sum(p.numel() for p in params if p.requires_grad),
+            input_requires_grad=input_requires_grad,
             lookup_param_count=lookup_param_count(self.layer),
             buffer_bytes=buffer_bytes(self.layer),
             expert_param_count=routing.expert_param_count if routing else 0,

@@ -45,6 +45,19 @@ def _transient_parts(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | Non
     return transient, transient - max(0, fwd_extra, bwd_extra - incoming)
 
 
+def forward_only_bytes(layer: nn.Module, x: torch.Tensor, *, tracker=memory_tracker) -> int:
+    """A layer that runs no backward (its input needs no gradient and none of its parameters trains: a fine-tuning
+    model's frozen first layers): its forward's peak with its input and output, the transient the cost model charges
+    it. It keeps nothing, so neither tensor is any layer's kept bytes: the input is the layer before's output, freed
+    once this layer returns, and the output only the next layer's input (torch 2.13's pipelining runs no backward
+    through such layers: §730). At a stage's edges the receive buffer or the stage output pays for one of them."""
+    with tracker(x.device) as memory:
+        output = layer(x)
+        peak = memory.peak_bytes
+        del output
+    return peak + storage_nbytes(x)
+
+
 def _loss_transient_bytes(loss_fn: LossFn, output: torch.Tensor, targets: torch.Tensor, *,
                           tracker=memory_tracker) -> int:
     """Extra peak during the loss's forward and backward beyond what it keeps: e.g. the

@@ -309,6 +309,12 @@ class LayerProfile(Strict):
     # a frozen weight is held whole, but makes no gradient and torch's optimizers keep no state for it. None in
     # analytic profiles and those made before: every parameter trained
     trained_param_count: Count | None = None
+    # whether its input requires a gradient in the model's own forward (measured profiles: the layer before's output
+    # does, it or an earlier layer training): where not, and none of its parameters trains, its output needs none
+    # either, and torch's pipelining runs no backward through it, allocates no receive buffer for a stage output
+    # needing no gradient and sends no gradient of a stage input needing none (framework-facts §730, §731). None in
+    # analytic and fake profiles and those made before: every layer's input but the first's (the batch) does
+    input_requires_grad: bool | None = None
     transient_bytes: Bytes  # extra peak during this layer's forward or backward beyond what is kept
     # of transient_bytes, the bytes that are the gradient of its output its backward runs on: the transient less
     # the transient without that gradient (measure._transient_parts; an analytic block's boundary_bytes, its

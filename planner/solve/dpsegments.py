@@ -97,7 +97,7 @@ class Chain:
         self.host = per_layer(("host",), False)
         self.host_cap = costmodel.host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline)
         self.params = [layer.trained_count for layer in layers]  # with the largest tensor: ZeRO 1's whole tensors
-        self.largest = [layer.largest_param_count for layer in layers]
+        self.largest = [layer.largest_trained_count for layer in layers]
         self.step_ms = per_layer(("step",), False)
         # the step's end (score.rank_cost's own moment): the whole gradients gone by then, per
         # layer, and what a stage's first and last layers leave the schedule keeping

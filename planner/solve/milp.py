@@ -126,10 +126,11 @@ def find_runs(layers: list[LayerCost]) -> list[Run]:
     """Consecutive layers with the same numbers: the kind's and variant's (layers.layer_costs), and what a layer
     has by its place: the output the next layer pays for (output_shared_bytes: the last of a chain of layers that
     each save their input, the layer before's saved output, keeps its own whole), its tied sets, its frozen count (a
-    kind's frozen and trained layers share their times, not their gradients: layers.frozen_count)."""
+    kind's frozen and trained layers share their times, not their gradients: layers.frozen_count), whether its
+    input and output need a gradient (a stage's gradient buffers: rules.first_layer_buffer_bytes)."""
     def numbers(layer: LayerCost) -> tuple:
         return layer.kind, layer.variant, layer.output_shared_bytes, layer.tied, layer.shared_before, \
-            layer.frozen_param_count
+            layer.frozen_param_count, layer.input_grad, layer.output_grad
 
     runs: list[Run] = []
     for idx, layer in enumerate(layers):

@@ -331,7 +331,7 @@ def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:
     E_s ≥ o · (largest tensor of a run in the stage - the stage's parameters / K), E_s ≥ 0;
     [] where it cannot arise."""
     setup = problem.setup
-    largest = [run.layer.largest_param_count for run in problem.runs]
+    largest = [run.layer.largest_trained_count for run in problem.runs]
     optim = dataparallel.whole_tensor_optim_bytes(setup)
     if not optim or not any(largest):
         return []

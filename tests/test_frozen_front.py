@@ -1,0 +1,98 @@
+"""A fine-tuning model whose first layers are frozen and take the batch (tests/fixtures/frozen_front.py: Linear 8-16
+and 16-16 frozen, 16-16 and 16-2 trained, 4 rows a microbatch): nothing before the third layer needs a gradient, so
+torch's pipelining runs no backward through the first two, and a stage needing none receives and sends no gradient
+(framework-facts §730, §731)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fixtures.cli import run_ok
+from test_costmodel import stage_of
+
+from planner import io
+from planner.cost import costmodel, rules
+from planner.cost.layers import layer_costs
+
+FRONT_FILE = Path(__file__).parent / "fixtures" / "frozen_front.py"
+ROWS, FP32 = 4, 4
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("front")
+    (folder / "front.py").write_text(FRONT_FILE.read_text())
+    run_ok("profile", folder / "front.py", "--micro-batch-size", str(ROWS), "--threads", "1", "--repeats", "1",
+           "--warmup", "0", "--out", folder / "p.json")
+    return folder, io.load_profile(folder / "p.json")
+
+
+def test_the_profile_records_which_inputs_need_a_gradient(front):
+    """The batch needs none, nor the frozen layers' outputs; the first trained layer's output does. A layer running no
+    backward keeps nothing, and its transient is its forward's peak with its input: layer 0 its output 4 x 16 and
+    the batch's 4 x 8 floats, layer 1 its output and input, 4 x 16 each (addmm allocates its output alone)."""
+    _, profile = front
+    assert [layer.input_requires_grad for layer in profile.layers] == [False, False, False, True]
+    assert [layer.act_bytes for layer in profile.layers[:2]] == [0, 0]
+    assert [layer.transient_bytes for layer in profile.layers[:2]] == [(ROWS * 16 + ROWS * 8) * FP32,
+                                                                       2 * ROWS * 16 * FP32]
+    costs = layer_costs(profile)
+    assert [(c.input_grad, c.output_grad) for c in costs] == [(False, False), (False, False), (False, True),
+                                                              (True, True)]
+
+
+def test_a_stage_needing_no_gradient_has_no_gradient_buffers(front):
+    """2 stages, 4 microbatches (1F1B): a stage whose output needs no gradient gets no receive buffer for one (a
+    trained output 4 of 4 x 16 floats), and one whose input needs none sends none: its 4 receive buffers alone."""
+    folder, profile = front
+    setup = io.load_plan(_solved(folder)).setup
+    costs = {c.name: c for c in layer_costs(profile)}
+    out_bytes = ROWS * 16 * FP32
+    assert rules.last_layer_buffer_bytes(costs["1"], 0, setup) == 0
+    assert rules.last_layer_buffer_bytes(costs["2"], 0, setup) == 4 * out_bytes
+    assert rules.first_layer_buffer_bytes(costs["2"], 1, setup) == 4 * out_bytes
+    assert rules.first_layer_buffer_bytes(costs["3"], 1, setup) == (4 + 1) * out_bytes  # and the gradient sent
+
+
+def _solved(folder: Path, *args: str) -> Path:
+    plan = folder / f"plan{'-'.join(args)}.yaml"
+    if not plan.exists():
+        run_ok("solve", "--profile", folder / "p.json", "--mem", "100MiB", "--stages", "2", "--microbatches", "4",
+               *args, "--out", plan)
+    return plan
+
+
+@pytest.mark.parametrize("solver", ["dp", "milp"])
+def test_the_solvers_charge_a_frozen_front_as_the_score_does(front, solver):
+    """Each solver's plan predicts, stage by stage, the peak and time stage_cost scores its split at."""
+    folder, profile = front
+    plan = io.load_plan(_solved(folder, "--solver", solver))
+    for stage in plan.stages:
+        scored = stage_of(profile, plan.setup, stage.index, stage.layers, stage.checkpointed)
+        assert stage.predicted.peak_bytes == scored.peak_bytes
+        assert stage.predicted.time_ms == pytest.approx(scored.time_ms)
+
+
+@pytest.mark.slow
+def test_a_frozen_first_stage_holds_what_is_charged(front):
+    """Stages [0, 1] | [2, 3] launched on gloo. Stage 0 runs no backward: its peak is a forward of layer 1 with
+    2 outputs in flight, its input and its output (4 x 256 B), the 4 x 128 B batch and its 416 frozen weights: 3,200 B
+    measured. The plan charges 256 B more: layer 1 closes the stage, so its output is charged as the stage output
+    waiting in fwd_cache and again in its forward's peak (transient_bytes: a layer inside a stage needs it there).
+    Before, the stage was charged 4 gradient receive buffers, the layers' backward transients and a step scratch."""
+    from planner.cost.assembly import with_predictions
+    from planner.runtime.launcher import run_plan
+    from planner.schema import StagePlan
+
+    folder, profile = front
+    solved = io.load_plan(_solved(folder))
+    stages = [StagePlan(index=0, layers=["0", "1"]), StagePlan(index=1, layers=["2", "3"])]
+    plan = solved.model_copy(update={"stages": with_predictions(stages, costmodel.evaluate(stages, profile,
+                                                                                            solved.setup))})
+    io.save_plan(plan, folder / "cut.yaml")
+    report = run_plan(io.load_plan(folder / "cut.yaml"), plan_file=folder / "cut.yaml", steps=1, warmup_steps=0)
+    first = report.stages[0]
+    assert first.measured.static_bytes == first.predicted.static_bytes == (144 + 272) * FP32
+    assert first.measured.peak_bytes == 416 * FP32 + 4 * ROWS * 8 * FP32 + 4 * ROWS * 16 * FP32
+    assert first.predicted.peak_bytes == first.measured.peak_bytes + ROWS * 16 * FP32
