@@ -19,7 +19,6 @@ from planner.models.configs.megatron_args import Flags, check_positions, positiv
 from planner.models.configs.megatron_ddp import read_data_parallel
 from planner.models.configs.megatron_deepspeed import megatron_lm_flags, read_deepspeed
 from planner.models.configs.megatron_files import (
-    check_hybrid,
     check_trainer,
     script_pairs,
     text_of,
@@ -44,6 +43,7 @@ from planner.models.configs.megatron_flags import (
     read_normalization,
 )
 from planner.models.configs.megatron_float8 import read_float8
+from planner.models.configs.megatron_legacy import settled_pairs
 from planner.models.configs.megatron_memflags import read_memory_settings
 from planner.models.configs.megatron_moe_dispatch import read as read_dispatcher
 from planner.models.configs.megatron_offload import read_cpu_offloading
@@ -85,11 +85,11 @@ def read(path: Path) -> Job:
 
 def from_pairs(pairs: list[tuple[str, list[str]]], where: str, files: dict[str, str] | None = None) -> Job:
     """The job the flags describe; `files`: what the script writes in here-documents (a ds_config), by path."""
-    check_hybrid(pairs, where)
+    pairs, translated = settled_pairs(pairs, where)  # a hybrid model and retired flags refused, aliases read
     sink: list = []
-    translated: list[str] = []
     if any(flag == "--deepspeed" for flag, _ in pairs):  # Megatron-DeepSpeed's own model flags
-        pairs, translated = megatron_lm_flags(pairs)
+        pairs, more = megatron_lm_flags(pairs)
+        translated += more
     flags = Flags(pairs, sink)
     arch, seq_len, vocab = _arch(flags, where)
     backend = flags.take("--attention-backend", "attention kernel (unfused, local: the s x s scores kept)", str, "auto")

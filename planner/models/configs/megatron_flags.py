@@ -8,6 +8,7 @@ from __future__ import annotations
 from itertools import combinations
 
 from planner.errors import UserError
+from planner.models.configs import megatron_legacy
 from planner.models.configs.megatron_env import (  # noqa: F401  (the launch's environment, read there; named here too)
     ALLOC_CONF,
     BRIDGE_RUNTIME_VERSION,
@@ -27,6 +28,7 @@ from planner.models.configs.megatron_env import (  # noqa: F401  (the launch's e
 
 # Flags that change neither memory nor time: recognised and listed as "no effect on the plan".
 NO_EFFECT = {
+    **megatron_legacy.NO_EFFECT,
     "--use-mcore-models": "megatron-core model classes (the only ones in current Megatron-LM)",
     "--mtp-loss-scaling-factor": "the MTP losses' weight (a scalar; the MTP layers: --mtp-num-layers)",
     "--hysteresis": "fp16 loss scaling (a scalar)", "--loss-scale": "fp16 loss scaling (a scalar)",
@@ -99,6 +101,7 @@ NO_EFFECT = {
 }
 # Flags whose effect is what ckplan charges whatever the file says (framework-facts §159)
 MODELLED = {
+    **megatron_legacy.MODELLED,
     "--moe-router-force-load-balancing": "random routing (RandomSTE: normal logits, then the top-k; router.py, "
                                          "moe_utils.py): each expert's expected load equal, the balanced routing "
                                          "ckplan charges every router; the random splits' FP8 padding charged "
@@ -133,6 +136,7 @@ _SEE_DEEPSPEED = ("without --deepspeed no DeepSpeed engine runs; add --deepspeed
                   "--zero N` and the stage3 options (--stage3-max-reuse-distance, --stage3-prefetch-bucket-size, "
                   "--stage3-max-live-parameters)")
 DEEPSPEED_NOT_MODELLED = {
+    **megatron_legacy.NOT_MODELLED,
     "--deepspeed_config": f"the ds_config (ZeRO stage, offload, stage3 knobs): {_SEE_DEEPSPEED}",
     "--zero-stage": f"DeepSpeed's ZeRO stage (Megatron-DeepSpeed): {_SEE_DEEPSPEED}",
     "--deepspeed-activation-checkpointing": "DeepSpeed's activation checkpointing (deepspeed.checkpointing, reentrant) "
