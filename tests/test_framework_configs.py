@@ -828,8 +828,8 @@ def test_every_flag_megatrons_arguments_define_is_listed_never_dropped():
     # megfsdp: --suggested-communication-unit-size listed (Megatron-FSDP's, read under optim_grads_params) (143 -> 142);
     # review: --tp-comm-overlap-cfg read (TE's userbuffers config by name, planner/cost/ub_sms.py) (142 -> 141);
     # lead 66: 132 read from the code (megatron_legacy.py): 4 retired flags and the 2 encoder forms beside the
-    # base's --num-layers and --seq-length refused as Megatron-LM refuses them (378 -> 372), the rest listed (141 -> 9)
-    assert len(statuses) == 372 and len(unknown) == 9
+    # base's --num-layers and --seq-length refused as Megatron-LM refuses them (378 -> 372), the rest listed (141 -> 8)
+    assert len(statuses) == 372 and len(unknown) == 8
     assert {"--rl-partial-rollouts", "--inference-max-requests", "--muon-momentum"}.isdisjoint(unknown)
 
 

@@ -33,7 +33,10 @@ ROTARY = "--use-rotary-position-embeddings"
 # how the reader lists the flags it reads as others (megatron_flags.MODELLED)
 MODELLED = {**{flag: f"read as {instead}, as Megatron-LM reads it where {instead} is not given (validate_args "
                      "1304-1311, 1346-1351 at d98e8a64)" for flag, instead in ALIASES.items()},
-            ROTARY: "read as --position-embedding-type rope, as Megatron-LM sets it (arguments.py 1625-1627 at d98e8a64)"}
+            ROTARY: "read as --position-embedding-type rope, as Megatron-LM sets it (arguments.py 1625-1627 at d98e8a64)",
+            # megatron/core/optimizer/__init__.py 622-627: TE's or apex's FusedSGD with this momentum
+            "--sgd-momentum": "SGD's momentum: a momentum buffer a parameter charged (FusedSGD keeps none at 0, "
+                              "which is not modelled)"}
 
 _NONE = "read by no Megatron-LM code at d98e8a64 but arguments.py"
 _BERT = "BERT and T5 pretraining's data (examples/bert/pretrain_bert.py, examples/t5/pretrain_t5.py only)"
