@@ -175,3 +175,31 @@ def test_ckplans_runtime_shards_frozen_layers_as_charged(front, zero, first, sta
         assert stage.measured.peak_bytes == FROZEN_STAGE_ZERO3_PEAK
     diffs = against_reference(plan, report, plan_file=path, seed=0)
     assert diffs and all(diff.ok for diff in diffs), diffs
+
+
+@pytest.mark.parametrize("frozen", [(0, 2), (0, 2, 3)])
+def test_data_parallel_makes_every_layer_a_unit_frozen_or_not(frozen):
+    """Under ZeRO 3 over 2 ranks (torch's fake process group: the units are the wrapping, whatever the backend), each
+    layer with parameters is its own FSDP2 unit, a frozen one too, and a stage none of whose parameters trains is
+    sharded (each rank holds half of each weight); before, frozen layers joined the root unit and such a stage stayed
+    whole (framework-facts §732, §733). A layer without parameters is no unit."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from planner.runtime.mesh import Layout, data_parallel, device_mesh
+    from planner.runtime.stagemodule import StageModule
+
+    layers = [nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.Linear(16, 2)]
+    for index in frozen:
+        layers[index].requires_grad_(False)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        module = StageModule([(str(i), layer) for i, layer in enumerate(layers)])
+        wrapped, _ = data_parallel(module, zero=3, mesh=device_mesh(Layout(stages=1, dp=2, shard=2), "cpu"))
+        assert isinstance(wrapped, FSDPModule)
+        assert [isinstance(layer, FSDPModule) for layer in layers] == [True, False, True, True]
+        assert layers[0].weight.to_local().shape == (8, 8) and not layers[0].weight.requires_grad
+    finally:
+        dist.destroy_process_group()

@@ -15,7 +15,7 @@ The ZeRO stages, mapped onto torch (nothing here shards by itself):
             optimizer state of its 1/K of the parameters (whole tensors, balanced by size),
             steps them and broadcasts them in the group. FSDP2 cannot do ZeRO 1: it always
             keeps weights and gradients sharded.
-    ZeRO 2  FSDP2 fully_shard(reshard_after_forward=False) per layer and on the stage, on the
+    ZeRO 2  FSDP2 fully_shard(reshard_after_forward=False) per layer (frozen ones too) and on the stage, on the
             (replicate, shard) mesh (HSDP; plain FSDP when one group): weights, gradients and
             optimizer state sharded; a layer's weights gathered for its forward and kept to its
             backward. FSDP2 keeps its 1/K shard of the weights beside what it gathers, so a
