@@ -240,7 +240,13 @@ def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup,
     backward = [start, end - done, after - done]
     if copy_back:
         backward.append(start - stray + dataparallel.gathered_bytes(params[index], setup, fp8_count=fp8[index]) - scratch)
-    return backward, [copy_out - kept - scratch, forward_end - scratch]
+    forward = [copy_out - kept - scratch, forward_end - scratch]
+    if not layer.output_grad:
+        # it runs no backward (its input and parameters need no gradient, §730): FSDP2 neither gathers it for one nor
+        # reduces it (§733; the layer after it prefetching it is that layer's moment); its backward moments are its
+        # forward's least, never above a moment it has, so the solvers' classes keep their shape
+        backward = [min(forward)] * len(backward)
+    return backward, forward
 
 
 def _moment_extra(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,

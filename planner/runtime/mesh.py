@@ -15,7 +15,7 @@ The ZeRO stages, mapped onto torch (nothing here shards by itself):
             optimizer state of its 1/K of the parameters (whole tensors, balanced by size),
             steps them and broadcasts them in the group. FSDP2 cannot do ZeRO 1: it always
             keeps weights and gradients sharded.
-    ZeRO 2  FSDP2 fully_shard(reshard_after_forward=False) per layer and on the stage, on the
+    ZeRO 2  FSDP2 fully_shard(reshard_after_forward=False) per layer (frozen ones too) and on the stage, on the
             (replicate, shard) mesh (HSDP; plain FSDP when one group): weights, gradients and
             optimizer state sharded; a layer's weights gathered for its forward and kept to its
             backward. FSDP2 keeps its 1/K shard of the weights beside what it gathers, so a
@@ -103,14 +103,17 @@ def device_mesh(layout: Layout, device_type: str) -> DeviceMesh:
 def data_parallel(module: StageModule, *, zero: int, mesh: DeviceMesh) -> tuple[nn.Module, Callable[[], None]]:
     """The stage module wrapped for its ZeRO stage (see the module docstring), and what
     reduces its gradients after the schedule's step (FSDP2 reduces within the schedule)."""
-    if zero <= 1 or not any(param.requires_grad for param in module.parameters()):
+    if zero <= 1:
         return module, partial(average_grads, module, mesh["replicate", "shard"]._flatten("dp").get_group())
     dp_mesh = mesh["shard"] if mesh["replicate"].size() == 1 else mesh["replicate", "shard"]  # FSDP or HSDP
     # one FSDP2 unit per pipeline layer: gathered while it computes (torchtitan's way); layers that share a
     # parameter (tied weights on one stage) one unit together, as FSDP2 requires of a shared parameter and
-    # torchtitan b5bcd76c does (distributed/fsdp.py 238-249; docs/framework-facts.md §308)
+    # torchtitan b5bcd76c does (distributed/fsdp.py 238-249; docs/framework-facts.md §308). A frozen layer is a
+    # unit too, and a wholly frozen stage is sharded: FSDP2 gathers a frozen parameter and never reduces it, as
+    # torchtitan shards every block whatever requires grad (framework-facts §733-§734); the cost model charges
+    # each layer its own unit (fsdpunits.py "per-layer")
     for unit in _units(module.layers):
-        if any(param.requires_grad for layer in unit for param in layer.parameters()):
+        if any(list(layer.parameters()) for layer in unit):  # a layer without parameters has nothing to shard
             fully_shard(unit if len(unit) > 1 else unit[0], mesh=dp_mesh, reshard_after_forward=zero == 3)
     return fully_shard(module, mesh=dp_mesh, reshard_after_forward=zero == 3), _nothing
 
