@@ -84,6 +84,7 @@ from __future__ import annotations
 # every consumer reads `costmodel.X` whatever file X is written in.
 from planner.cost.assembly import *  # noqa: F401,F403
 from planner.cost.chunked import *  # noqa: F401,F403
+from planner.cost.gpipeheld import held_per_backward_bytes  # noqa: F401
 from planner.cost.layers import *  # noqa: F401,F403
 from planner.cost.rules import *  # noqa: F401,F403
 from planner.cost.score import *  # noqa: F401,F403

@@ -55,15 +55,23 @@ def lazy_grad_bytes(layers: Sequence[LayerCost], setup: TrainSetup) -> float:
     return grads * sum(layer.param_count - layer.expert_param_count + layer.expert_param_count / ep for layer in layers)
 
 
-def one_chunk(lazy: float, *, in_flight: int, kept, microbatches: int, steady: bool, maximum=max):
+def one_chunk(lazy: float, *, in_flight: int, kept, microbatches: int, steady: bool, maximum=max,
+              per_backward: float = 0.0):
     """The bytes above in_flight x kept that the stage's activations and lazily allocated
     gradients reach together (see the module docstring); `steady`: 1F1B, whose forwards go on
-    after the first backward. `maximum=np.maximum` answers for many `kept` at once (the DP)."""
-    if not lazy:
+    after the first backward. `per_backward`: what each GPipe backward leaves held to the step's end
+    (gpipeheld.held_per_backward_bytes, h): with all M in flight, the j-th backward (0-based) holds
+    (M - j)·kept + j·h, and from the first on the whole gradients: above M·kept, max(0, lazy - kept
+    at the first, lazy - kept + h at the second, lazy + (M - 1)·(h - kept) at the last; linear in j
+    between). `maximum=np.maximum` answers for many `kept` at once (the DP)."""
+    if not lazy and not per_backward:
         return 0.0
     if steady and in_flight < microbatches:
         return lazy
-    return maximum(0.0, lazy - kept) if in_flight else lazy
+    first = maximum(0.0, lazy - kept) if in_flight else lazy
+    if not per_backward or microbatches < 2:
+        return first
+    return maximum(first, maximum(lazy - kept + per_backward, lazy + (microbatches - 1) * (per_backward - kept)))
 
 
 def layer_grad_in_flight_bytes(layer: LayerCost, setup: TrainSetup) -> float:
