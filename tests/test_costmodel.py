@@ -526,8 +526,8 @@ def test_last_stage_holds_the_whole_batch_of_targets():
     cost = costmodel.evaluate(stages, p, setup(3))
     assert [c.buffer_bytes for c in cost.stages] == [18 * MIB, 40 * MIB, 23 * MIB + LOSS_VALUES]
     assert cost.peak_bytes_per_stage == [37 * MIB, 85 * MIB, 126 * MIB // 4 + LOSS_VALUES]
-    # GPipe (k = 4 everywhere): still M * 0.75 = 3 MiB, not k * M: 36.5 -> 39.5 MiB (+ 2 loss values and, at its
-    # last backward, 3 input gradients' 4 B values: test_gpipe_holds_every_microbatch_on_every_stage)
+    # GPipe (k = 4 everywhere): still M * 0.75 = 3 MiB, not k * M: 36.5 -> 39.5 MiB (+ 2 loss values; at its last
+    # backward 3 input gradients of 4 MiB and 3 loss values of 4 B: test_gpipe_holds_every_microbatch_on_every_stage)
     assert costmodel.evaluate(stages, p, setup(3, schedule="GPipe")).peak_bytes_per_stage[2] == 79 * MIB // 2 + 20
     # a single stage is first and last: buffers = M * (batch_input 0.5 + batch_target 0.75)
     #   = 2 * 1.25 = 2.5 MiB (M = 2); peak = 39.5 + 1.5 = 41 MiB (test_single_stage_is_both_first_and_last)
