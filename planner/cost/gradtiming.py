@@ -25,7 +25,8 @@ A stage's peak is then static - G + buffers + max over its actions (activations 
 allocated so far) + transient, where static (bytes_per_param) charges G all iteration:
     one stage a rank (1F1B, GPipe), A microbatches in flight of k bytes, M microbatches:
         1F1B with A < M: a forward follows the first backward, A in flight again beside G: A k + G
-        otherwise (GPipe; 1F1B's stage 0 when A = M): max(A k, (A - 1) k + G)
+        otherwise (GPipe; 1F1B's stage 0 when A = M): max(A k, (A - 1) k + G), and under GPipe, where each
+        backward leaves h held to the step's end (gpipeheld), its second's and last's (A - 1) k + h + G, k + (A - 1) h + G
     several stages a rank (interleaved): at every moment of torch's action order, chunk c's G_c
         counted from its first backward until its last (schedules.rank_peak, ChunkBytes.late_grad;
         the chunked MILP's rows count them at the same moments: planner/solve/milp_ranks.py).
