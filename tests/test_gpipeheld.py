@@ -117,3 +117,28 @@ def test_shared_input_head_alone_peaks_at_its_prediction(microbatches, tmp_path)
     io.write_atomic(plan_path, io.plan_to_yaml(plan))
     report = run_plan(plan, plan_file=plan_path, steps=1, warmup_steps=1)
     assert [s.measured.peak_bytes for s in report.stages] == [s.predicted.peak_bytes for s in report.stages], report
+
+
+def test_the_replays_hold_each_sent_gradient_under_gpipe():
+    """ckplan's own step replay (reserve.stage_events): under GPipe past the first stage each input gradient sent
+    (test_reserve's RECORD: 6 MiB, id 4) is freed only once every backward has run, so B1 starts with B0's beside
+    it; otherwise at its own backward's end. gpipeheld.sends_held says where (not stage 0, not 1F1B, not
+    Megatron-LM's record)."""
+    from planner.cost.allocator import Free
+    from planner.cost.reserve import StageMemory, stage_events
+    from tests.test_reserve import RECORD, _Layer
+    actions = [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    memory = StageMemory(static_bytes=0, buffer_bytes=0, scratch_bytes=0)
+
+    def frees(held):
+        events = stage_events([_Layer()], ["none"], [RECORD], actions=actions, memory=memory, num_microbatches=2,
+                              loss=None, sends_held=held)
+        return [e.key for e in events if isinstance(e, Free) and e.key[-1] == 4]
+    assert frees(False) == [(0, 0, 4), (1, 0, 4)]
+    held = stage_events([_Layer()], ["none"], [RECORD], actions=actions, memory=memory, num_microbatches=2,
+                        loss=None, sends_held=True)
+    body = [e for e in held if e.key[0] != "scratch"]  # before the optimizer step's scratch
+    assert body[-2:] == [Free((0, 0, 4)), Free((1, 0, 4))]  # after B1's last event
+    assert [gpipeheld.sends_held(s, _setup()) for s in (0, 1)] == [False, True]
+    assert not gpipeheld.sends_held(1, _setup(schedule="1F1B"))
+    assert not gpipeheld.sends_held(1, _setup(runtime="megatron"))

@@ -22,6 +22,15 @@ from planner.cost.rules import runtime_facts
 from planner.schema import TrainSetup
 
 
+def sends_held(stage: int, setup: TrainSetup) -> bool:
+    """Whether stage `stage` runs GPipe's backwards with an input gradient to send (past the first stage) and the
+    runtime's record waits for those sends only at the step's end (sends_held_to_step_end): the replays of a step
+    (reserve.py, fsdp2_chunks.one_stage_rank) hold each sent gradient as the cost model does."""
+    pipeline = setup.pipeline
+    return pipeline.schedule == "GPipe" and pipeline.chunks == 1 and pipeline.stages > 1 and stage > 0 and \
+        runtime_facts(setup).sends_held_to_step_end
+
+
 def held_per_backward_bytes(first: LayerCost, stage: int, setup: TrainSetup) -> int:
     """Per GPipe backward run, what stage `stage` (whose first layer is `first`) holds from then to the step's end,
     beyond the bytes charged to its microbatches in flight: the input gradient its send holds (not on the first
@@ -31,6 +40,6 @@ def held_per_backward_bytes(first: LayerCost, stage: int, setup: TrainSetup) -> 
     pipeline = setup.pipeline
     if pipeline.schedule != "GPipe" or pipeline.chunks > 1 or pipeline.stages == 1:
         return 0
-    grad = first.input_bytes if stage > 0 and first.input_grad and runtime_facts(setup).sends_held_to_step_end else 0
+    grad = first.input_bytes if first.input_grad and sends_held(stage, setup) else 0
     value = lossvalues.LOSS_VALUE_BYTES if lossvalues.held_values(stage, setup) else 0
     return grad + value
