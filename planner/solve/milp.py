@@ -387,6 +387,6 @@ def _gpipe_rows(problem: Problem, s: int, memory, opens, cap) -> None:
     sent = pulp.lpSum(h * opens(s, g) for g, h in enumerate(per_run) if h)
     lp = problem.lp
     lp += pulp.lpSum(memory.held + [(microbatches - 1) * term for term in memory.kept]
-                     + [memory.transient, sent]) <= cap, f"gpipe_second_{s}"
+                     + [memory.transient, sent]) <= cap, f"cap_gpipe_second_{s}"
     lp += pulp.lpSum(memory.held + memory.kept + [memory.transient, (microbatches - 1) * sent]) <= cap, \
-        f"gpipe_last_{s}"
+        f"cap_gpipe_last_{s}"
