@@ -453,12 +453,15 @@ def test_gpipe_holds_every_microbatch_on_every_stage():
     # stage 2: 0.5 + 4 * 3.25 + 16 + 4.75 = 34.25 MiB (the head's 5 net of the loss's 0.25). Buffers: 4 receive
     # buffers of the input and, before the last, 4 of the output's gradient; no input gradient being sent: GPipe
     # peaks at its first backward, before any is made (rules.held_input_grads); no warm-up send held (GPipe); the
-    # last stage holds M - k + 2 = 2 loss values of 4 B (lossvalues.py)
+    # last stage holds M - k + 2 = 2 loss values of 4 B (lossvalues.py). But each backward's input gradient send
+    # (4 MiB) and loss value (4 B) stay to the step's end (gpipeheld): the head alone keeps 3.25 MiB a microbatch,
+    # less than that, so it peaks at its last backward: 0.5 + 3.25 + 3 * (4 MiB + 4 B) + 16 MiB + 8 B + 4.75
+    # = 36.5 MiB + 20 B (stage 1's 20 MiB a microbatch are more than its 4 MiB: its first backward, as before)
     p = four_layers()
     s = setup(3, schedule="GPipe")
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
     assert [c.buffer_bytes for c in cost.stages] == [18 * MIB, 32 * MIB, 16 * MIB + 8]
-    assert cost.peak_bytes_per_stage == [42 * MIB, 117 * MIB, 137 * MIB // 4 + 8]
+    assert cost.peak_bytes_per_stage == [42 * MIB, 117 * MIB, 73 * MIB // 2 + 20]
 
 
 def pipeline_iteration_ms(busy_ms, setup_):
@@ -523,8 +526,9 @@ def test_last_stage_holds_the_whole_batch_of_targets():
     cost = costmodel.evaluate(stages, p, setup(3))
     assert [c.buffer_bytes for c in cost.stages] == [18 * MIB, 40 * MIB, 23 * MIB + LOSS_VALUES]
     assert cost.peak_bytes_per_stage == [37 * MIB, 85 * MIB, 126 * MIB // 4 + LOSS_VALUES]
-    # GPipe (k = 4 everywhere): still M * 0.75 = 3 MiB, not k * M: 34.25 -> 37.25 MiB (+ 2 loss values)
-    assert costmodel.evaluate(stages, p, setup(3, schedule="GPipe")).peak_bytes_per_stage[2] == 149 * MIB // 4 + 8
+    # GPipe (k = 4 everywhere): still M * 0.75 = 3 MiB, not k * M: 36.5 -> 39.5 MiB (+ 2 loss values; at its last
+    # backward 3 input gradients of 4 MiB and 3 loss values of 4 B: test_gpipe_holds_every_microbatch_on_every_stage)
+    assert costmodel.evaluate(stages, p, setup(3, schedule="GPipe")).peak_bytes_per_stage[2] == 79 * MIB // 2 + 20
     # a single stage is first and last: buffers = M * (batch_input 0.5 + batch_target 0.75)
     #   = 2 * 1.25 = 2.5 MiB (M = 2); peak = 39.5 + 1.5 = 41 MiB (test_single_stage_is_both_first_and_last)
     single = costmodel.evaluate(plan((["embed", "blocks.0", "blocks.1", "head"], [])), p, setup(1, 2))

@@ -45,7 +45,7 @@ def test_one_at_a_time_where_torch_drops_it_or_the_schedule_peaks_first():
 
 def test_gpipe_holds_none_at_its_first_backward():
     """torch 2.13.0's ScheduleGPipe runs every forward, then the backwards, waiting for their sends after the last:
-    at the first backward, its peak, no input gradient is made yet, and the one its first layer makes is in that
+    at the first backward no input gradient is made yet (the later ones' sends: gpipeheld, test_gpipeheld), and the one its first layer makes is in that
     layer's backward transient (measure._transient_bytes: the layer's input needs a gradient). Gemma 3's last stage
     (2 stages, 4 microbatches) measured the 4 receive buffers alone (docs/published-runs.md §44.smallfix)."""
     for version in ("9dec370", "b5bcd76c"):

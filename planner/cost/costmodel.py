@@ -41,6 +41,8 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                    rank of several stages holds; less the whole gradients a runtime allocates at
                    the first backward, gone by then (chunked.stage_end_bytes, gradtiming)
     peak_s       = static_s + max(k_s · kept_s + transient_s, scratch_s, end_s) + buffers_s
+                   GPipe past the first stage: k_s · kept_s is max(M · kept_s, kept_s + (M - 1) · h_s), h_s
+                   the input gradient and loss value each backward leaves held to the step's end (gpipeheld.py)
     cuda:          reserved_s = ⌈peak_s / (1 - f) / 2 MiB⌉ · 2 MiB, the caching allocator's segments at
                    fragmentation f; nccl_s = the communicators' buffers (planner/cost/allocator.py). A stage
                    fits when reserved_s + nccl_s ≤ cap_s, which every solver reads as the allocated
@@ -84,6 +86,7 @@ from __future__ import annotations
 # every consumer reads `costmodel.X` whatever file X is written in.
 from planner.cost.assembly import *  # noqa: F401,F403
 from planner.cost.chunked import *  # noqa: F401,F403
+from planner.cost.gpipeheld import held_per_backward_bytes  # noqa: F401
 from planner.cost.layers import *  # noqa: F401,F403
 from planner.cost.rules import *  # noqa: F401,F403
 from planner.cost.score import *  # noqa: F401,F403

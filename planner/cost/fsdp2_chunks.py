@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from planner.cost import allocator, dataparallel, lossvalues, runtimes
+from planner.cost import allocator, dataparallel, gpipeheld, lossvalues, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.fsdp2_events import DEFAULT, MAX_STEPS, STEPS, Fsdp2Stage, _PipelineStep
 from planner.schema import Profile, StagePlan, TrainSetup
@@ -182,7 +182,8 @@ def one_stage_rank(stage: Fsdp2Stage, last_layer, *, stage_index: int, setup: Tr
     held_outputs_bytes, M - k of them there) nor the stage's ends (`ends`: its kept bytes less its layers',
     with_ends); the last stage's merge of them at the step's end. Where each microbatch's input gradient
     stays on its receive buffer's `.grad` to the next step (the record's input_grads_held_to_step_end;
-    `first_layer` the stage's first layer's cost), each is made at its backward and kept, not among the
+    `first_layer` the stage's first layer's cost), or GPipe's send holds it to the step's end (gpipeheld.sends_held:
+    kept here to the next step's start, past the wait, an upper bound), each is made at its backward and kept, not among the
     buffers (rules.held_input_grads of them there); else the one being sent stays one block there. The output a
     1F1B warm-up send keeps (warmupsend.held_send_bytes, among the cost model's buffers) is a tensor of its own: its
     own block, not part of the buffers' (which would put it in the batch's segment)."""
@@ -192,7 +193,8 @@ def one_stage_rank(stage: Fsdp2Stage, last_layer, *, stage_index: int, setup: Tr
     pipeline = setup.pipeline
     kept = outputs_held(stage_index, pipeline.stages, setup.training, ranks=pipeline.stages)
     output = last_layer.output_bytes if kept else 0
-    grads_kept = first_layer is not None and stage_index > 0 and runtimes.of(setup.training).input_grads_held_to_step_end
+    grads_kept = first_layer is not None and stage_index > 0 and first_layer.input_grad and (
+        runtimes.of(setup.training).input_grads_held_to_step_end or gpipeheld.sends_held(stage_index, setup))
     input_grad = first_layer.input_bytes if grads_kept else 0
     counted = held_input_grads(stage_index, setup) * input_grad  # what the buffers hold of them
     microbatches = max(mb for _, mb in stage.actions) + 1

@@ -25,7 +25,8 @@ A stage's peak is then static - G + buffers + max over its actions (activations 
 allocated so far) + transient, where static (bytes_per_param) charges G all iteration:
     one stage a rank (1F1B, GPipe), A microbatches in flight of k bytes, M microbatches:
         1F1B with A < M: a forward follows the first backward, A in flight again beside G: A k + G
-        otherwise (GPipe; 1F1B's stage 0 when A = M): max(A k, (A - 1) k + G)
+        otherwise (GPipe; 1F1B's stage 0 when A = M): max(A k, (A - 1) k + G), and under GPipe, where each
+        backward leaves h held to the step's end (gpipeheld), its second's and last's (A - 1) k + h + G, k + (A - 1) h + G
     several stages a rank (interleaved): at every moment of torch's action order, chunk c's G_c
         counted from its first backward until its last (schedules.rank_peak, ChunkBytes.late_grad;
         the chunked MILP's rows count them at the same moments: planner/solve/milp_ranks.py).
@@ -55,15 +56,23 @@ def lazy_grad_bytes(layers: Sequence[LayerCost], setup: TrainSetup) -> float:
     return grads * sum(layer.param_count - layer.expert_param_count + layer.expert_param_count / ep for layer in layers)
 
 
-def one_chunk(lazy: float, *, in_flight: int, kept, microbatches: int, steady: bool, maximum=max):
+def one_chunk(lazy: float, *, in_flight: int, kept, microbatches: int, steady: bool, maximum=max,
+              per_backward: float = 0.0):
     """The bytes above in_flight x kept that the stage's activations and lazily allocated
     gradients reach together (see the module docstring); `steady`: 1F1B, whose forwards go on
-    after the first backward. `maximum=np.maximum` answers for many `kept` at once (the DP)."""
-    if not lazy:
+    after the first backward. `per_backward`: what each GPipe backward leaves held to the step's end
+    (gpipeheld.held_per_backward_bytes, h): with all M in flight, the j-th backward (0-based) holds
+    (M - j)·kept + j·h, and from the first on the whole gradients: above M·kept, max(0, lazy - kept
+    at the first, lazy - kept + h at the second, lazy + (M - 1)·(h - kept) at the last; linear in j
+    between). `maximum=np.maximum` answers for many `kept` at once (the DP)."""
+    if not lazy and not per_backward:
         return 0.0
     if steady and in_flight < microbatches:
         return lazy
-    return maximum(0.0, lazy - kept) if in_flight else lazy
+    first = maximum(0.0, lazy - kept) if in_flight else lazy
+    if not per_backward or microbatches < 2:
+        return first
+    return maximum(first, maximum(lazy - kept + per_backward, lazy + (microbatches - 1) * (per_backward - kept)))
 
 
 def layer_grad_in_flight_bytes(layer: LayerCost, setup: TrainSetup) -> float:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from planner.cost import allocator, dataparallel
+from planner.cost import allocator, dataparallel, gpipeheld
 from planner.cost.allocator import Alloc, Event, Free, Ready, Replayed
 from planner.cost.fsdp2_layers import replayed_microbatches  # shared by both replays
 from planner.errors import UserError
@@ -88,16 +88,18 @@ def records_for(layers: Sequence[LayerProfile], options: Sequence[str]) -> list[
 def stage_events(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
                  actions: Sequence[tuple[str, int]], memory: StageMemory, num_microbatches: int,
                  loss: AllocRecord | None, copy_ms_per_byte: float | None = None,
-                 keeps: Sequence[bool] | None = None) -> list[Event]:
+                 keeps: Sequence[bool] | None = None, sends_held: bool = False) -> list[Event]:
     """The stage's step as allocator events: static, then `actions` ((F|B, microbatch), in run
     order), then the optimizer step. `loss`: the last stage's loss record, else None.
     `copy_ms_per_byte`: offload's copies timed at this rate against the layers' fwd_ms and
     bwd_ms; None: each saved block held until its layer's backward (an upper bound). `keeps`: whether each layer
-    holds its input to its backward (None: _keeps_input of each). Of a layer only fwd_ms and bwd_ms are read here."""
+    holds its input to its backward (None: _keeps_input of each). `sends_held`: each input gradient sent is held by
+    its send to the end of the actions (GPipe: gpipeheld.sends_held). Of a layer only fwd_ms and bwd_ms are read here."""
     events = _static_events(records, memory, num_microbatches)
-    step = _Step(layers, options, records, loss, events, copy_ms_per_byte, keeps)
+    step = _Step(layers, options, records, loss, events, copy_ms_per_byte, keeps, sends_held=sends_held)
     for kind, mb in actions:
         step.forward(mb) if kind == "F" else step.backward(mb)
+    events += [Free(key) for key in step.sent or ()]  # GPipe's bwd_sends_to_wait, waited after the last backward
     events += _scratch_events(records, memory.scratch_bytes)
     return events
 
@@ -151,6 +153,7 @@ class _StageInputs(NamedTuple):
     memory: StageMemory
     num_microbatches: int
     copy_ms_per_byte: float | None
+    sends_held: bool  # gpipeheld.sends_held
 
     def _key(self) -> tuple:
         return self[2:]
@@ -203,7 +206,8 @@ def _stage_inputs(layers: Sequence[LayerProfile], options: Sequence[str], *, sta
         options=tuple(options), times=tuple((layer.fwd_ms, layer.bwd_ms) for layer in layers),
         keeps=tuple(_keeps_input(*found) for found in zip(layers, options, records, strict=True)),
         actions=tuple((a.kind, a.microbatch) for a in order.actions[stage]), memory=memory,
-        num_microbatches=pipeline.microbatches, copy_ms_per_byte=copy_ms_per_byte)
+        num_microbatches=pipeline.microbatches, copy_ms_per_byte=copy_ms_per_byte,
+        sends_held=gpipeheld.sends_held(stage, setup))
 
 
 def _events_of(inputs: _StageInputs) -> list[Event]:
@@ -214,7 +218,7 @@ def _events_of(inputs: _StageInputs) -> list[Event]:
         events = _EVENTS[inputs] = stage_events(
             [_Times(*times) for times in inputs.times], inputs.options, inputs.records, actions=inputs.actions,
             memory=inputs.memory, num_microbatches=inputs.num_microbatches, loss=inputs.loss,
-            copy_ms_per_byte=inputs.copy_ms_per_byte, keeps=inputs.keeps)
+            copy_ms_per_byte=inputs.copy_ms_per_byte, keeps=inputs.keeps, sends_held=inputs.sends_held)
     return events
 
 
@@ -313,10 +317,12 @@ class _Step(RecordPlayer):
     recorded allocation is (mb, layer index or "loss", id); a copy back ("back", mb, i, id)."""
 
     def __init__(self, layers, options, records, loss: AllocRecord | None, events: list[Event],
-                 copy_ms_per_byte: float | None = None, keeps: Sequence[bool] | None = None) -> None:
+                 copy_ms_per_byte: float | None = None, keeps: Sequence[bool] | None = None,
+                 sends_held: bool = False) -> None:
         self.layers, self.options, self.records, self.loss, self.events = layers, options, records, loss, events
         # whether each layer holds its input to its backward (None: _keeps_input of each)
         self.keeps = keeps if keeps is not None else [_keeps_input(*found) for found in zip(layers, options, records)]
+        self.sent: list[tuple] | None = [] if sends_held else None  # input gradients sends hold (stage_events)
         self.offloaded: list[tuple] = []  # saved blocks waiting for their copy out, in issue order
         self.saved: dict[tuple, list[tuple]] = {}  # (mb, layer) -> its offloaded blocks' keys
         # the copies' clock (timed): the compute stream's time, each copy stream's, each copy out's end
@@ -376,8 +382,8 @@ class _Step(RecordPlayer):
             if i > 0 and self.keeps[i]:
                 self._free_output(mb, i - 1)
             grad = (mb, i, record.input_grad) if record.input_grad else None
-        if grad is not None:  # the stage's input gradient, sent
-            self.events.append(Free(grad))
+        if grad is not None:  # the stage's input gradient, sent (freed, or held by its send: stage_events)
+            self.events.append(Free(grad)) if self.sent is None else self.sent.append(grad)
 
     def _copies_back(self, record: AllocRecord, mb: int, i: int) -> dict[tuple, tuple]:
         """The layer's saved blocks come back: the copies back are allocated (prefetch, on the

@@ -344,8 +344,8 @@ def held_input_grads(stage: int, setup: TrainSetup) -> int:
     """Input gradients stage `stage` (past the first) holds at its peak under torch's pipelining: the one being
     sent; where each stays on its buffer's `.grad` to the next step (input_grads_held_to_step_end), every one
     before the peak. 1F1B peaks at each steady backward, the most gradients at its last, after M - min(P - s, M)
-    backwards: that many plus the one it makes. GPipe peaks at its first, before any is made (framework-facts
-    §645: the one its first layer makes is in that layer's transient). Several stages a rank: their own walk."""
+    backwards: that many plus the one it makes. GPipe's first backward holds none (§645: the one its first layer
+    makes is in that layer's transient); its later ones each hold one more (gpipeheld). Several: their own walk."""
     pipeline = setup.pipeline
     if pipeline.schedule != "1F1B" or pipeline.chunks > 1:
         return 0 if pipeline.schedule == "GPipe" else 1  # the walk: chunked.sends_held_bytes

@@ -80,7 +80,7 @@ class RuntimeFacts:
     "every-stage" (the whole batch on every stage), "pipe-buffers" (a microbatch per pipe buffer); with
     batch_positions, a positions tensor of the inputs' shape and dtype beside each microbatch's inputs."""
     sends_held_to_step_end: bool
-    """Several stages per rank: each send's tensor is held until the step ends."""
+    """Several stages per rank: each send's tensor is held until the step ends; GPipe: each backward's (gpipeheld.py)."""
     # -- recompute behaviour
     recompute_whole_forward: bool
     """Checkpointing reruns the layer's whole forward (no early stop)."""

@@ -39,7 +39,9 @@ TORCH_PIPELINING_SOURCES = {
     "batch_positions": "the model file's batch (inputs, targets) as ckplan's runtime loads it (planner/runtime/worker.py replica_batch): no positions",
     "logits_held_in_backward": f"torch/distributed/pipelining/stage.py 961-991 (backward_one_chunk pops the stage output "
                                f"from fwd_cache and holds it to the end of the last stage's backward), {TORCH_V}",
-    "sends_held_to_step_end": "measured on ckplan's runtime (torch's _PipelineScheduleRuntime waits for sends at the step end)",
+    "sends_held_to_step_end": "measured on ckplan's runtime (torch's _PipelineScheduleRuntime waits for sends at the step end); "
+                              f"ScheduleGPipe's backward sends: torch/distributed/pipelining/schedules.py 930-955 "
+                              f"(bwd_sends_to_wait, waited after the last backward), {TORCH_V}; measured, docs/published-runs.md §66.gpipehead",
     "warmup_send_held": f"torch/distributed/pipelining/schedules.py 1062-1087, 1147 (Schedule1F1B's send_work: the warm-up's "
                         f"last fired forward send, replaced only after the steady phase), {TORCH_V}; the send's Work keeps "
                         "its tensor (ProcessGroupGloo.hpp 207-224 SendWork::tensor_; ProcessGroupNCCL.hpp 481-483 "

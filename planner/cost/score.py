@@ -14,6 +14,7 @@ from planner.cost import (
     afterstep,
     allocator,
     bridgeterms,
+    gpipeheld,
     gradtiming,
     megatron_dp,
     pipereduce,
@@ -148,7 +149,8 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     transient = int(round(peak.transient))
     scratch = (sum if profile.device.type == "cuda" else max)(s.step_scratch_bytes for s in mine)
     total = int(round(peak_bytes(static + buffers - sum(lazy), 1, activations,
-                                 transient + gradients_above(order, rank, lazy, mine, setup, peak), scratch)))
+                                 transient + gradients_above(order, rank, lazy, mine, setup, peak,
+                                                                 first=chunks[stages[0]][0][0]), scratch)))
     # the step's end, its own moment: the outputs still kept and the last stage's merge of them
     # (the whole gradients the runtime allocates at a stage's first backward reduced and gone, as at the step)
     last = order.num_stages - 1
@@ -187,24 +189,28 @@ def late_gradients(order: schedules.Schedule, rank: int, chunks, setup: TrainSet
 
 
 def gradients_above(order: schedules.Schedule, rank: int, lazy: Sequence[float], mine: Sequence[StageSums],
-                    setup: TrainSetup, peak: schedules.RankPeak) -> float:
+                    setup: TrainSetup, peak: schedules.RankPeak, first: LayerCost | None = None) -> float:
     """What those gradients add at the rank's peak (gradtiming): in closed form for one stage a
-    rank; for several, those the chunks hold at the moment of the peak, which the walk over torch's
-    action order found with them counted (schedules.rank_peak, ChunkBytes.late_grad), as the
-    chunked MILP's rows count them at every moment (milp_ranks._rank_rows)."""
-    if not any(lazy):
-        return 0.0
-    if order.num_chunks == 1:
-        return one_chunk_gradients_above(lazy[0], stage=rank, kept=mine[0].kept_bytes, pipeline=setup.pipeline)
-    return peak.late_grads
+    rank (`first`: its first layer), with what each GPipe backward leaves held to the step's end
+    (gpipeheld: the peak may be the last backward's); for several, those the chunks hold at the
+    moment of the peak, which the walk over torch's action order found with them counted
+    (schedules.rank_peak, ChunkBytes.late_grad), as the chunked MILP's rows count them at every
+    moment (milp_ranks._rank_rows)."""
+    if order.num_chunks == 1:  # with what each GPipe backward leaves held (gpipeheld)
+        sent = gpipeheld.held_per_backward_bytes(first, stage=rank, setup=setup) if first is not None else 0
+        return one_chunk_gradients_above(lazy[0], stage=rank, kept=mine[0].kept_bytes, pipeline=setup.pipeline,
+                                         per_backward=sent)
+    return peak.late_grads if any(lazy) else 0.0
 
 
-def one_chunk_gradients_above(lazy: float, *, stage: int, kept, pipeline: PipelineSetup, maximum=max):
-    """gradients_above for a rank of one stage (1F1B, GPipe), `kept` per microbatch: the DP
-    scores its checkpoint sets by it (`maximum=np.maximum` for many at once)."""
+def one_chunk_gradients_above(lazy: float, *, stage: int, kept, pipeline: PipelineSetup, maximum=max,
+                              per_backward: float = 0.0):
+    """gradients_above for a rank of one stage (1F1B, GPipe), `kept` per microbatch, `per_backward`
+    what each GPipe backward leaves held (gpipeheld): the DP scores its checkpoint sets by it
+    (`maximum=np.maximum` for many at once)."""
     return gradtiming.one_chunk(lazy, in_flight=in_flight(pipeline, stage), kept=kept,
                                 microbatches=pipeline.microbatches, steady=pipeline.schedule == "1F1B",
-                                maximum=maximum)
+                                maximum=maximum, per_backward=per_backward)
 
 
 def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, order: schedules.Schedule,

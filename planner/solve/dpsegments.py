@@ -279,6 +279,8 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
     deadline = deadline or Deadline(None)
     found = []
     opening = {s: chain.opening_bytes(s, i) for s in stages}
+    # what each GPipe backward of a stage opening at layer i leaves held to the step's end (gpipeheld)
+    sent = {s: costmodel.held_per_backward_bytes(chain.layers[i], s, chain.setup) for s in stages}
     timed = objective == "time"
     # the least that opening any of these stages adds (kept, held); closing adds no negative kept
     # bytes, and no held bytes below the stage's own constant (negative for tied copies held once)
@@ -358,7 +360,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
                 if windows[s][0] <= j <= windows[s][1]:
                     kept, edge_held = (a + b for a, b in zip(opening[s], closing[s][j]))
                     sums = (plain + chain.edge_comm_ms(s, i, j), held, step, run.step_scratch_bytes)
-                    edge = (kept, edge_held, chain.end_bytes(s, i, j), late_grad)
+                    edge = (kept, edge_held, chain.end_bytes(s, i, j), late_grad, sent[s])
                     scored, cols = ends if ends is not None and s != last else (states, columns)
                     stage = chain.stages[s]
                     if not scored:
@@ -395,12 +397,12 @@ def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: 
               columns=None, *, pipeline: PipelineSetup, excluded: frozenset[int] | None = None) -> Segment | None:
     """The fitting set with the least recompute ("time", states sorted by it) or peak
     ("memory"). sums: the range's plain ms (with its sends), held bytes, step ms, optimizer step scratch;
-    edge: the (kept, held) its first and last layer and its position add, and at the step's end
-    what the schedule keeps and the whole gradients gone by then (the same for every set: neither
-    depends on what the stage recomputes); columns: the states' kept and extra bytes as arrays, to score them all at once;
+    edge: the (kept, held) its first and last layer and its position add, at the step's end
+    what the schedule keeps and the whole gradients gone by then, and what each GPipe backward
+    leaves held (gpipeheld; the same for every set: none depends on what the stage recomputes); columns: the states' kept and extra bytes as arrays, to score them all at once;
     `excluded`: masks never taken."""
     plain, static, step, step_scratch = sums
-    edge_kept, edge_held, end, late_grad = edge
+    edge_kept, edge_held, end, late_grad, sent = edge
     held = static + edge_held
     limit, in_flight, loss_scratch = stage.cap_bytes - costmodel.FIT_MARGIN_BYTES, stage.in_flight, stage.loss_scratch_bytes
     if objective == "memory":
@@ -412,12 +414,13 @@ def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: 
     def peak_of(kept, extra, maximum=max):
         """The evaluator's peak of a rank of one stage (costmodel.rank_cost) for these sets: the
         whole gradients allocated at the first backward are not held all iteration, but join
-        the activations as rank_cost's gradients_above says."""
+        the activations as rank_cost's gradients_above says, with what GPipe's backwards leave held."""
         kept = kept + edge_kept
         transient = maximum(extra - stage.const_kept_bytes, loss_scratch)
-        if late_grad:
+        if late_grad or sent:
             transient = transient + costmodel.one_chunk_gradients_above(late_grad, stage=s, kept=kept,
-                                                                        pipeline=pipeline, maximum=maximum)
+                                                                        pipeline=pipeline, maximum=maximum,
+                                                                        per_backward=sent)
         return costmodel.peak_bytes(held - late_grad, in_flight, kept, transient, step_scratch, maximum)
 
     if columns is not None:

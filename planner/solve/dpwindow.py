@@ -86,7 +86,7 @@ def window_segment(chain: Chain, block: list[int], count: int, ms_per_byte: floa
     opening, closing = chain.opening_bytes(0, 0), chain.closing_bytes(0, num)
     edge_kept, edge_held = opening[0] + closing[0], opening[1] + closing[1]
     sums = (run.time_ms + chain.edge_comm_ms(0, 0, num), run.held_bytes, run.step_ms, run.step_scratch_bytes)
-    edge = (edge_kept, edge_held, chain.end_bytes(0, 0, num), late_grad)
+    edge = (edge_kept, edge_held, chain.end_bytes(0, 0, num), late_grad, 0)  # one stage: no GPipe sends (gpipeheld)
     return _best_set(stage, 0, 0, num, [(ms, kept, extra, mask)], sums, edge, "time",
                      pipeline=chain.setup.pipeline)
 

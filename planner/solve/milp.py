@@ -360,6 +360,7 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
     late = _late_grad_mib(problem, [s], n)
     _step_and_host_rows(problem, f"{s}", [memory], cap, [-term for term in late])
     _step_end_row(problem, f"{s}", [s], memory.held, n, opens, closes, cap)
+    _gpipe_rows(problem, s, memory, opens, cap)
     if late and costmodel.one_chunk_gradients_above(1.0, stage=s, kept=1.0, pipeline=problem.setup.pipeline) < 1.0:
         # [Constraint] GPipe, or 1F1B's stage with all M in flight: they arrive as the first
         # backward frees a microbatch, held - G + k·kept + T + max(0, G - kept) ≤ cap
@@ -371,3 +372,21 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
                           + [memory.transient])
     # held + k·kept written out term by term: one row fewer between a byte and its cap
     return pulp.lpSum(memory.held + [k * term for term in memory.kept] + [memory.transient])
+
+
+def _gpipe_rows(problem: Problem, s: int, memory, opens, cap) -> None:
+    """[Constraint] GPipe: each backward leaves h held to the step's end (gpipeheld: the input
+    gradient its send holds, the last stage's loss value; h of the run that opens the stage), so
+    its second and last backwards are moments of their own beside the first's (gradtiming.one_chunk):
+    held + (M - 1)·kept + h + T ≤ cap and held + kept + (M - 1)·h + T ≤ cap, the whole gradients
+    allocated at the first backward among held (static charges them)."""
+    setup, microbatches = problem.setup, problem.setup.pipeline.microbatches
+    per_run = [costmodel.held_per_backward_bytes(run.layer, s, setup) / MIB for run in problem.runs]
+    if microbatches < 2 or not any(per_run):
+        return
+    sent = pulp.lpSum(h * opens(s, g) for g, h in enumerate(per_run) if h)
+    lp = problem.lp
+    lp += pulp.lpSum(memory.held + [(microbatches - 1) * term for term in memory.kept]
+                     + [memory.transient, sent]) <= cap, f"cap_gpipe_second_{s}"
+    lp += pulp.lpSum(memory.held + memory.kept + [memory.transient, (microbatches - 1) * sent]) <= cap, \
+        f"cap_gpipe_last_{s}"
