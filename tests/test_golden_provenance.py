@@ -58,3 +58,15 @@ def test_empties_counts_each_empty_op_a_pass_dispatches():
     make = lambda: torch.ones(3, requires_grad=True)  # noqa: E731
     assert bench.empties(fwd, make) == (2, 0)  # the two in the forward (new_empty's inner empty not redispatched)
     assert bench.empties(one, make) == (1, 0)
+
+
+def test_the_loader_probe_makes_megatrons_gpt_sample():
+    loader = load_script("bench_host_loader")
+    sample = loader.GPTLikeDataset(4)[0]
+    assert sorted(sample) == ["attention_mask", "labels", "loss_mask", "position_ids", "tokens"]
+    assert sample["tokens"].shape == sample["labels"].shape == (4,) and sample["tokens"].dtype == torch.int64
+    # gpt_dataset.py: tril(ones) < 0.5, True where a position may not attend (above the diagonal): 6 of 16
+    assert sample["attention_mask"].shape == (1, 4, 4) and int(sample["attention_mask"].sum()) == 6
+    assert bool(sample["attention_mask"][0, 0, 1]) and not bool(sample["attention_mask"][0, 1, 0])
+    assert sample["position_ids"].tolist() == [0, 1, 2, 3] and sample["loss_mask"].dtype == torch.float32
+    assert loader.OneInt()[7] == 7
