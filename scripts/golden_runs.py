@@ -124,16 +124,16 @@ def provenance(git_dir: Path, commit: str, path: str) -> dict | None:
             "image": image, "before": before}
 
 
-def h100_rows(table: Path) -> list[tuple[str, str, bool]]:
-    """(row, test case, deterministic) of the H100 G rows of scripts/published_rows.toml whose configuration copies
-    a functional test (its first line names the test case's model_config.yaml)."""
+def g_rows(table: Path, gpu: str = "h100") -> list[tuple[str, str, bool]]:
+    """(row, test case, deterministic) of the G rows on `gpu` (h100, gb200) of scripts/published_rows.toml whose
+    configuration copies a functional test (its first line names the test case's model_config.yaml)."""
     import tomllib
 
     rows = []
     for row in tomllib.loads(table.read_text())["row"]:
         args = row["args"]
         config = re.search(r"--from-megatron (\S+)", args)
-        if not row["id"].startswith("G") or "--gpu h100" not in args or not config:
+        if not row["id"].startswith("G") or f"--gpu {gpu} " not in args + " " or not config:
             continue
         text = (table.parent.parent / config.group(1)).read_text()
         case = re.search(rf"{CASES}/(\S+)/model_config\.yaml", text.split("\n", 1)[0])
@@ -157,15 +157,16 @@ def main() -> None:
     parser.add_argument("--host-bound", action="store_true",
                         help="the most of each row's H100 step that can be host issue, from its GB200 run")
     parser.add_argument("--provenance", action="store_true",
-                        help="the H100 G rows' golden steps: the commit, TE pin and image each was logged on")
+                        help="the G rows' golden steps: the commit, TE pin and image each was logged on")
+    parser.add_argument("--gpu", default="h100", choices=("h100", "gb200"), help="--provenance's platform")
     args = parser.parse_args()
     if args.provenance:
         print("| row | deterministic | steady s | logged at | date | TE | image | before s |")
         print("|---|---|---|---|---|---|---|---|")
-        for row, case, det in h100_rows(Path(__file__).with_name("published_rows.toml")):
-            got = provenance(args.git_dir, args.commit, f"{CASES}/{case}/golden_values_dev_dgx_h100.json")
+        for row, case, det in g_rows(Path(__file__).with_name("published_rows.toml"), args.gpu):
+            got = provenance(args.git_dir, args.commit, f"{CASES}/{case}/golden_values_dev_dgx_{args.gpu}.json")
             if got is None:
-                print(f"| {row} | {'yes' if det else 'no'} | no DGX H100 golden step at {args.commit} |||||")
+                print(f"| {row} | {'yes' if det else 'no'} | no {args.gpu} golden step at {args.commit} |||||")
                 continue
             before = f"{got['before']:.4f}" if got["before"] else "-"
             print(f"| {row} | {'yes' if det else 'no'} | {got['value']:.4f} | {got['commit']} | {got['date']} | "

@@ -35,13 +35,15 @@ def test_set_at_is_the_oldest_commit_of_the_newest_equal_run():
     assert golden_runs.set_at([("c3", 0.09), ("c2", 0.12), ("c1", 0.09)]) == ("c3", 0.12)
 
 
-def test_h100_rows_are_the_g_rows_on_h100_that_copy_a_test_and_say_if_deterministic():
-    rows = {row: (case, det) for row, case, det in
-            golden_runs.h100_rows(Path(golden_runs.__file__).with_name("published_rows.toml"))}
+def test_g_rows_are_the_g_rows_on_the_gpu_that_copy_a_test_and_say_if_deterministic():
+    table = Path(golden_runs.__file__).with_name("published_rows.toml")
+    rows = {row: (case, det) for row, case, det in golden_runs.g_rows(table)}
     assert rows["G44"] == ("gpt/gpt3_mcore_te_tp2_pp2_resume_torch_dist", True)
     assert rows["G48"] == ("gpt/gpt3_mcore_te_tp2_pp2_resume_torch_dist_cross_entropy_loss_fusion", False)
     assert "G50" not in rows  # G44's test on GB200
     assert not any(row.startswith(("T", "M")) for row in rows)
+    gb200 = {row: case for row, case, _ in golden_runs.g_rows(table, "gb200")}
+    assert gb200["G50"] == rows["G44"][0] and "G44" not in gb200
 
 
 def test_empties_counts_each_empty_op_a_pass_dispatches():
