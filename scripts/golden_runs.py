@@ -6,7 +6,12 @@ resumed from the first run's checkpoint on the same platform).
 The steady step is the median of the logged steps from the fourth on (steps 2-3 hold the warm-up, step 1 is not
 logged), the harness's reading (scripts/published_rows.toml, the G rows); NaN and missing steps are skipped.
 
+With --provenance (docs/published-runs.md §66.ghost): for each H100 G row, the commit at which its golden file's
+steady step took its present value, that commit's date, Transformer Engine pin (pyproject.toml) and base image
+(docker/.ngc_version.dev), and the value it replaced: which software a published figure was logged on.
+
 usage: python scripts/golden_runs.py MEGATRON_GIT_DIR [--commit 93ebf8d7] [--platforms TEST ...] [--pairs]
+       [--provenance]
        (MEGATRON_GIT_DIR: a clone or a bare mirror of NVIDIA/Megatron-LM holding the commit)"""
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import subprocess
 from pathlib import Path
@@ -78,6 +84,64 @@ def resume_pairs(git_dir: Path, commit: str, platform: str = "dev_dgx_h100") -> 
     return pairs
 
 
+def te_pin(pyproject: str | None) -> str | None:
+    """The Transformer Engine commit a Megatron-LM pyproject.toml pins (its `transformer-engine = { git = ...,
+    rev = "..." }` source), the first 9 hex digits; None where it pins none."""
+    found = re.search(r'^transformer-engine\s*=\s*\{[^}]*rev\s*=\s*"([0-9a-f]{7,40})"', pyproject or "", re.M)
+    return found.group(1)[:9] if found else None
+
+
+def set_at(history: list[tuple[str, float | None]]) -> tuple[str, float | None]:
+    """(commit, value before it): the oldest commit of the newest run of equal values in `history` (newest first,
+    (commit, steady step)), where the present value was logged, and the value the file held before that commit
+    (None: it never held another)."""
+    current, first = history[0][1], history[0][0]
+    for commit, value in history[1:]:
+        if value != current:
+            return first, value
+        first = commit
+    return first, None
+
+
+def provenance(git_dir: Path, commit: str, path: str) -> dict | None:
+    """Where the golden file `path` took its present steady step (set_at over the commits touching it up to
+    `commit`; values rounded to 0.1 ms, so a rewrite that keeps them, e.g. NaNs dropped, is not a change); None
+    where the file logs no step at `commit`."""
+    log = subprocess.run(["git", "-C", str(git_dir), "log", "--format=%h %ad", "--date=short", commit, "--", path],
+                         capture_output=True, text=True, check=True).stdout.split("\n")
+    history, dates = [], {}
+    for line in filter(None, log):
+        rev, date = line.split()
+        text = _show(git_dir, rev, path)
+        step = steady_step_s(json.loads(text)) if text else None
+        history.append((rev, round(step, 4) if step else None))
+        dates[rev] = date
+    if not history or history[0][1] is None:
+        return None
+    at, before = set_at(history)
+    image = (_show(git_dir, at, "docker/.ngc_version.dev") or "?").strip().rsplit(":", 1)[-1]
+    return {"value": history[0][1], "commit": at, "date": dates[at], "te": te_pin(_show(git_dir, at, "pyproject.toml")),
+            "image": image, "before": before}
+
+
+def g_rows(table: Path, gpu: str = "h100") -> list[tuple[str, str, bool]]:
+    """(row, test case, deterministic) of the G rows on `gpu` (h100, gb200) of scripts/published_rows.toml whose
+    configuration copies a functional test (its first line names the test case's model_config.yaml)."""
+    import tomllib
+
+    rows = []
+    for row in tomllib.loads(table.read_text())["row"]:
+        args = row["args"]
+        config = re.search(r"--from-megatron (\S+)", args)
+        if not row["id"].startswith("G") or f"--gpu {gpu} " not in args + " " or not config:
+            continue
+        text = (table.parent.parent / config.group(1)).read_text()
+        case = re.search(rf"{CASES}/(\S+)/model_config\.yaml", text.split("\n", 1)[0])
+        if case:
+            rows.append((row["id"], case.group(1), "--deterministic-mode: true" in text))
+    return rows
+
+
 def host_share_bound(h100_s: float, gb200_s: float, grace_per_xeon: float) -> float:
     """The most of the H100 step that can be host issue at the Xeon's per-call time (docs/published-runs.md
     §35.tehost): GB200's host issues the same calls `grace_per_xeon` times slower (TransformerEngine#2053's torch
@@ -92,7 +156,22 @@ def main() -> None:
     parser.add_argument("--pairs", action="store_true", help="every checkpoint-resume test's two runs on DGX H100")
     parser.add_argument("--host-bound", action="store_true",
                         help="the most of each row's H100 step that can be host issue, from its GB200 run")
+    parser.add_argument("--provenance", action="store_true",
+                        help="the G rows' golden steps: the commit, TE pin and image each was logged on")
+    parser.add_argument("--gpu", default="h100", choices=("h100", "gb200"), help="--provenance's platform")
     args = parser.parse_args()
+    if args.provenance:
+        print("| row | deterministic | steady s | logged at | date | TE | image | before s |")
+        print("|---|---|---|---|---|---|---|---|")
+        for row, case, det in g_rows(Path(__file__).with_name("published_rows.toml"), args.gpu):
+            got = provenance(args.git_dir, args.commit, f"{CASES}/{case}/golden_values_dev_dgx_{args.gpu}.json")
+            if got is None:
+                print(f"| {row} | {'yes' if det else 'no'} | no {args.gpu} golden step at {args.commit} |||||")
+                continue
+            before = f"{got['before']:.4f}" if got["before"] else "-"
+            print(f"| {row} | {'yes' if det else 'no'} | {got['value']:.4f} | {got['commit']} | {got['date']} | "
+                  f"{got['te']} | {got['image']} | {before} |")
+        return
     print("| row | test case | " + "steady step s by golden-values file |")
     print("|---|---|---|")
     for row, case in G_ROWS.items():
