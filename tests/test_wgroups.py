@@ -77,8 +77,8 @@ def test_dp_tiny_zbv_rank_1_peaks_at_most_its_prediction(microbatches, tmp_path)
     """ckplan's own run (gloo), dp_tiny under ZBV, 2 ranks x 2 chunks, [0 1 2 | 7] and [3 | 4 5 6], 4 samples a
     microbatch: rank 1's peak is stage 2's second group (layer 5's) with layer 4's 4,224 B of gradients still
     bound, its 512 B saved gradient freed: 85,792 / 111,392 B at M 2 / 8, 2,688 / 2,176 B under before
-    (§45.ownunder, §66.zbvgroup). Now over by 1,024 B at every M (planned excess, not traced: the walk's state
-    as the W starts, 1,024 above the run's)."""
+    (§45.ownunder, §66.zbvgroup). Now over by 1,024 B at every M (planned excess: the two gradients passed inside
+    stage 2 that rules.passed_grad_bytes holds to W, which dp_tiny's blocks, ending in Tanh, do not hold)."""
     from planner import io
     from planner.cost.assembly import with_predictions
     from planner.runtime.launcher import run_plan
