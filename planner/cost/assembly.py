@@ -32,6 +32,7 @@ from planner.cost.terms import (
     quantities,
     stage_value,
 )
+from planner.cost.wgroups import weight_pass_peak_bytes
 from planner.schema import (
     OPTION_FULL,
     OPTION_NONE,
@@ -385,9 +386,11 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
         # the weight pass runs the stage's parameter groups one at a time, each a torch.autograd.grad
         # whose temporaries (and a checkpointed region's recompute) are gone before the next starts
         # (torch 2.13 pipelining/_backward.py 281-343 stage_backward_weight, retain_graph=False): its
-        # peak over what was live before it is its largest layer's, not their sum (the sum put a V's
-        # rank 0 up to 3.1% over its measured peak: tests/test_chunked_schedules.py)
-        weight_pass_peak_bytes=int(round(max(v["wpeak"] for v in per_layer))),
+        # peak over what was live before it is a layer's, not their sum (the sum put a V's rank 0 up
+        # to 3.1% over its measured peak: tests/test_chunked_schedules.py), on top of the gradients
+        # the layer before leaves bound to `dweights` (wgroups.py; 2,176 B under on dp_tiny's ZBV)
+        weight_pass_peak_bytes=int(round(weight_pass_peak_bytes([(v["wpeak"], v["wfirst"], v["wcarry"])
+                                                                for v in per_layer]))),
         # the last stage's input pass starts with the loss's backward, whose gradient of the last
         # layer's output stays until the pass ends (a middle stage's is its receive buffer)
         input_pass_peak_bytes=int(round(max(input_pass_peak_bytes([(v["ipeak"], v["wgrad"]) for v in per_layer])

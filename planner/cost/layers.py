@@ -27,6 +27,10 @@ class OptionCost:
     split_held_bytes: int = 0  # a split backward: left by its input pass for its weight pass
     split_input_peak_bytes: int = 0  # a split backward: its input pass's peak over what is live before it
     split_peak_bytes: int = 0  # a split backward: its weight pass's peak over what is live before it
+    # ... its first parameter group's peak and what its last group leaves for the next layer's (wgroups.py);
+    # None: not recorded
+    split_first_peak_bytes: int | None = None
+    split_carry_bytes: int | None = None
     host_bytes: int = 0  # offload: what it keeps in host memory per microbatch until its backward
     # a split backward's two passes (the profile's input_grad_ms, weight_grad_ms: torch's
     # stage_backward_input and stage_backward_weight); None: not recorded (planner/cost/splittime.py)
@@ -76,7 +80,7 @@ class LayerCost:
     expert_param_count: int = 0  # of param_count, the routed experts' (expert parallelism splits them)
     a2a_bytes: int = 0  # a MoE block's token dispatch per microbatch (the all-to-all term)
     # none's and full's split backward bytes: (held, input peak, weight peak)
-    split_bytes: tuple[tuple[int, int, int], tuple[int, int, int]] = ((0, 0, 0), (0, 0, 0))
+    split_bytes: tuple[tuple[int | None, ...], tuple[int | None, ...]] = ((0, 0, 0, None, None), (0, 0, 0, None, None))
     # none's and full's split backward times: (input pass, weight pass) ms, None where not recorded
     split_ms: tuple[tuple[float, float] | None, tuple[float, float] | None] = (None, None)
     expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' (ep divides it)
@@ -301,13 +305,21 @@ def _exchange(layer) -> ExchangeCost | None:
                                                    found.attention_bwd_ms)
 
 
-def _kind_split(same: list, index: int) -> tuple[int, int, int]:
-    """A kind's split-backward bytes of option `index` (0 none, 1 full): the most of any layer."""
+def _kind_split(same: list, index: int) -> tuple[int | None, ...]:
+    """A kind's split-backward bytes of option `index` (0 none, 1 full): the most of any layer (a
+    group's figure None unless every layer recorded it)."""
     listed = [item.recompute_options[index] for item in same if len(item.recompute_options) > index]
-    return tuple(max((getattr(o, field) for o in listed), default=0) for field in SPLIT_FIELDS)
+    return tuple(_most([getattr(o, field) for o in listed], field) for field in SPLIT_FIELDS)
 
 
-SPLIT_FIELDS = ("split_held_bytes", "split_input_peak_bytes", "split_peak_bytes")
+def _most(values: list, field: str) -> int | None:
+    if field in GROUP_FIELDS and (not values or any(v is None for v in values)):
+        return None
+    return max(values, default=0)
+
+
+GROUP_FIELDS = ("split_first_peak_bytes", "split_carry_bytes")
+SPLIT_FIELDS = ("split_held_bytes", "split_input_peak_bytes", "split_peak_bytes", *GROUP_FIELDS)
 
 
 def _kind_split_ms(listed: list, layers: int) -> tuple[float, float] | None:
@@ -328,7 +340,7 @@ def _kind_options(same: list) -> tuple[OptionCost, ...]:
         mine = [next(o for o in item.recompute_options if o.name == name) for item in same]
         found.append(OptionCost(name, max(o.kept_bytes for o in mine), fmean(o.recompute_ms for o in mine),
                                 max(o.recompute_peak_bytes for o in mine),
-                                *(max(getattr(o, field) for o in mine) for field in SPLIT_FIELDS),
+                                *(_most([getattr(o, field) for o in mine], field) for field in SPLIT_FIELDS),
                                 host_bytes=max(o.host_bytes for o in mine),
                                 **dict(zip(("input_grad_ms", "weight_grad_ms"), _kind_split_ms(mine, len(same)) or (None, None)))))
     return tuple(found)

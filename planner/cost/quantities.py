@@ -47,6 +47,8 @@ QUANTITY_DECLARATIONS: tuple[Quantity, ...] = (
     Quantity("wgrad", "split", "what a split backward's input pass leaves for its weight pass"),
     Quantity("ipeak", "split", "a split backward's input pass over what is live before it"),
     Quantity("wpeak", "split", "a split backward's weight pass over what is live before it"),
+    Quantity("wfirst", "split", "a split backward's weight pass's first parameter group over what is live before it"),
+    Quantity("wcarry", "split", "what a split backward's weight pass leaves of a layer while the next layer's runs"),
 )
 
 

@@ -34,6 +34,7 @@ from planner.cost import (
     te_delayed,
     tiedadd,
     warmupsend,
+    wgroups,
 )
 from planner.cost import quantities as declarations
 from planner.cost.gathered import (
@@ -155,6 +156,15 @@ TERMS: tuple[Term, ...] = (
     Term("a split backward's weight pass over what is live before it", "wpeak", "layer",
          lambda layer, ckpt, ctx: layer.options[int(ckpt)].split_peak_bytes,
          "peak of torch's stage_backward_weight, per option (profiler): it recomputes checkpointed regions again"),
+    Term("a split backward's weight pass's first parameter group over what is live before it", "wfirst", "layer",
+         lambda layer, ckpt, ctx: wgroups.weight_pass_first_peak_bytes(layer, int(ckpt)),
+         "peak of torch's stage_backward_weight's first torch.autograd.grad, per option (profiler; the whole "
+         "pass's where not recorded)"),
+    Term("a split backward's weight gradients of the layer, alive while the stage's next layer's weight pass runs",
+         "wcarry", "layer", lambda layer, ckpt, ctx: wgroups.weight_pass_carry_bytes(layer, int(ckpt), ctx.setup),
+         "torch's stage_backward_weight keeps a parameter group's autograd.grad result bound until the next "
+         "group's returns (torch 2.13 pipelining/_backward.py 322-337; measured on ckplan's own ZBV run, "
+         "framework-facts §836-838; planner/cost/wgroups.py)"),
     Term("scratch, and what the option recomputes at once", "extra", "layer",
          lambda layer, ckpt, ctx: layer_extra_bytes(layer, ckpt) - max(expert_parallel_transient_back(layer, ctx.setup),
                                                                        freshgrads.fused_back(layer, ctx.setup)),

@@ -84,22 +84,24 @@ def _forward(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Ca
 
 def recompute_options(*, act_bytes: int, input_bytes: int, full_ms: float, transient_bytes: int,
                       names: Sequence[str], kept: dict[str, int], transients: dict[str, int],
-                      job: FwdBwdJob | None, split: dict[str, tuple[int, int, int]] | None = None,
+                      job: FwdBwdJob | None, split: dict[str, tuple[int, int, int, int, int]] | None = None,
                       split_ms: dict[str, tuple[float, float, float]] | None = None,
                       bwd_ms: float = 0.0) -> list[RecomputeOption]:
     """The profile's list: none and full from the layer's own numbers (full's recompute the
     measured one, or the whole forward the cost model charges where none was measured), then
-    each selective option. split: each option's split backward bytes (held, input peak, weight peak);
+    each selective option. split: each option's split backward bytes (held, input peak, weight peak,
+    its first group's peak, its last group's carry: splitbackward.split_backward_bytes);
     split_ms: its two passes' and its plain backward's times where they were timed (SplitTimeJob),
     recorded against the option's backward, `bwd_ms` (the layer's) and its recompute."""
     split, split_ms = split or {}, split_ms or {}
 
     def split_fields(name: str, recompute_ms: float = 0.0) -> dict[str, int | float | None]:
-        held, input_peak, peak = split.get(name, (0, 0, 0))
+        held, input_peak, peak, first, carry = split.get(name, (0, 0, 0, 0, 0))
         input_ms = weight_ms = None
         if name in split_ms:
             input_ms, weight_ms = recorded_split_ms(split_ms[name], bwd_ms + recompute_ms)
         return {"split_held_bytes": held, "split_input_peak_bytes": input_peak, "split_peak_bytes": peak,
+                "split_first_peak_bytes": first, "split_carry_bytes": carry,
                 "input_grad_ms": input_ms, "weight_grad_ms": weight_ms}
 
     listed = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes, **split_fields(OPTION_NONE)),

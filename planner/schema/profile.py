@@ -58,6 +58,12 @@ class RecomputeOption(Strict):
     split_held_bytes: Bytes = 0
     split_input_peak_bytes: Bytes = 0
     split_peak_bytes: Bytes = 0
+    # of the weight pass, per torch parameter group (planner/cost/wgroups.py): its first group's peak over
+    # what is live before the pass, and what its last group leaves alive while the stage's next layer's
+    # first group runs (its torch.autograd.grad result, less the saved gradients it frees). None: not
+    # recorded (profiles made before; the cost model then takes the layer's whole peak and gradients)
+    split_first_peak_bytes: Bytes | None = None
+    split_carry_bytes: Bytes | None = None
     # a split backward's time per microbatch: torch's stage_backward_input (the input gradient, with
     # every backward op but the weight-gradient matmuls) and stage_backward_weight (those matmuls, the
     # gradients' accumulation); measured profiles time torch's two passes (their sum is not the full

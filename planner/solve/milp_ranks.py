@@ -107,19 +107,30 @@ def _input_pass_bound(problem: Problem, k: int, n):
 
 
 def _weight_pass_bound(problem: Problem, k: int, n):
-    """V_k ≥ the weight-pass peak of every (run, option) present in stage k, the run's layers under
-    no option included: the largest layer's, as evaluate() takes it (assembly.stage_sums)."""
+    """V_k + C_k: V_k ≥ the weight-pass peak of every (run, option) present in stage k, the run's
+    layers under no option included: the largest layer's, as evaluate() takes it (assembly.stage_sums);
+    C_k ≥ the largest carry (the weight gradients torch's stage_backward_weight keeps from one layer
+    while the next layer's run: wgroups.py) of any present, where the stage holds two layers or more.
+    Above evaluate's where the largest carry is the stage's last layer's or not beside the largest peak."""
     bound = pulp.LpVariable(f"V_{k}", lowBound=0)
+    carry = pulp.LpVariable(f"C_{k}", lowBound=0)
+    # s_k: stage k holds one layer at most (no layer before another's weight pass)
+    single = pulp.LpVariable(f"s_{k}", cat="Binary")
+    size = pulp.lpSum(n(k, g) for g in range(len(problem.runs)))
+    problem.lp += size <= 1 + len(problem.profile.layers) * (1 - single), f"weight_single_{k}"
     for g, run in enumerate(problem.runs):
         order = problem.order[g]
         counts = [(0, n(k, g) - pulp.lpSum(problem.r[k, g, o] for o in order))]
         counts += [(o, problem.r[k, g, o]) for o in order]
         for o, count in counts:
-            peak = _layer(problem, ("wpeak",), run.layer, o)
-            if peak > 0:
+            peak, held = _layer(problem, ("wpeak",), run.layer, o), _layer(problem, ("wcarry",), run.layer, o)
+            if peak > 0 or held > 0:
                 present = _presence(problem, f"v_{k}_{g}_{o}", count, run.size)
+            if peak > 0:
                 problem.lp += bound >= peak / MIB * present, f"weight_pass_{k}_{g}_{o}"
-    return bound
+            if held > 0:
+                problem.lp += carry >= held / MIB * (present - single), f"weight_carry_{k}_{g}_{o}"
+    return bound + carry
 
 
 def _weighted(vector: tuple[int, ...], per_count: list[list]):
