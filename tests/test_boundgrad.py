@@ -200,3 +200,15 @@ def test_a_two_stage_plan_on_gloo_runs_at_its_predicted_peak_on_the_stage_before
                                                    for item in profile.layers]})
     twice = costmodel.evaluate(stages, before, solved.setup).stages[0].peak_bytes
     assert twice - first.measured.peak_bytes == 4 * 32 * 4
+
+
+def test_the_milps_runs_part_where_fsdp2s_units_differ_within_a_kind():
+    """_one_kind_params_on_the_first's layers, one kind: the MILP's runs part l0 (65,536 parameters) from l1 and l2
+    (none), and its least cap scale is evaluate's for the one plan that fits, stage 1's peak and fit margin over its
+    cap: (4,980,736 + 4,096) / 4,997,120 (on main a run of all three: 1.0467, stage 2 over by l0's all-gather less its
+    shard, 262,144 - 65,536 B)."""
+    profile, roomy, _ = _one_kind_params_on_the_first()
+    setup = roomy.model_copy(update={"mem_caps_bytes": [4145152, 4997120, 3948555]})
+    problem = milp.build_problem(profile, setup, objective="memory")
+    assert [(run.start, run.size) for run in problem.runs] == [(0, 1), (1, 2)]
+    assert milp.solve(problem, mip_gap=0.0, threads=1).objective == pytest.approx(4984832 / 4997120, rel=1e-6)
