@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -114,8 +114,23 @@ def _closing_cases(draw):
     return profile.model_copy(update={"layers": layers}), roomy, fractions
 
 
+def _one_kind_params_on_the_first():
+    """Three layers of one kind, parameters on the first only (65,536), the last's 1 MiB transient its output's
+    gradient; 3 stages of GPipe, dp 4 under ZeRO 3: FSDP2's moments charge each layer its own parameters, the kind's
+    maximum elsewhere (layers.layer_costs). Only every layer checkpointed fits (peaks 4,128,768 / 4,980,736 /
+    3,932,172 B); the MILP's run of all three charged l1 and l2 l0's all-gather (196,608 B over on stage 1) and
+    called it infeasible (§66.milpfsdp)."""
+    layers = [layer(f"l{i}", "A", fwd_ms=0.5, bwd_ratio=1.0, act_mib=1, input_mib=0.5, output_mib=0.5,
+                    param_count=65536 if i == 0 else 0, transient_mib=1 if i == 2 else 0) for i in range(3)]
+    layers[2] = layers[2].model_copy(update={"incoming_grad_bytes": MIB})
+    roomy = TrainSetup(stages=3, microbatches=2, micro_batch_size=1, schedule="GPipe", mem_caps_bytes=[HUGE] * 3,
+                       dp=4, zero=3, precision="fp32")
+    return profile_of(layers), roomy, [0.03125] * 3
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(_closing_cases())
+@example(_one_kind_params_on_the_first())
 def test_both_solvers_equal_brute_force_where_a_stage_closes_before_the_last(case):
     """test_milp's brute force (every split, every checkpoint set, scored by evaluate) on cases whose layers' transients
     hold their output's gradient, 2 or 3 stages: the DP's and the MILP's optimum is brute force's and their plans'
@@ -185,3 +200,15 @@ def test_a_two_stage_plan_on_gloo_runs_at_its_predicted_peak_on_the_stage_before
                                                    for item in profile.layers]})
     twice = costmodel.evaluate(stages, before, solved.setup).stages[0].peak_bytes
     assert twice - first.measured.peak_bytes == 4 * 32 * 4
+
+
+def test_the_milps_runs_part_where_fsdp2s_units_differ_within_a_kind():
+    """_one_kind_params_on_the_first's layers, one kind: the MILP's runs part l0 (65,536 parameters) from l1 and l2
+    (none), and its least cap scale is evaluate's for the one plan that fits, stage 1's peak and fit margin over its
+    cap: (4,980,736 + 4,096) / 4,997,120 (on main a run of all three: 1.0467, stage 2 over by l0's all-gather less its
+    shard, 262,144 - 65,536 B)."""
+    profile, roomy, _ = _one_kind_params_on_the_first()
+    setup = roomy.model_copy(update={"mem_caps_bytes": [4145152, 4997120, 3948555]})
+    problem = milp.build_problem(profile, setup, objective="memory")
+    assert [(run.start, run.size) for run in problem.runs] == [(0, 1), (1, 2)]
+    assert milp.solve(problem, mip_gap=0.0, threads=1).objective == pytest.approx(4984832 / 4997120, rel=1e-6)

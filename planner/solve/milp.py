@@ -50,8 +50,9 @@ from typing import Literal
 
 import pulp
 
-from planner.cost import costmodel, pipereduce, splittime
+from planner.cost import costmodel, fsdpunits, gathered, pipereduce, splittime
 from planner.cost.costmodel import LayerCost
+from planner.cost.rules import runtime_facts
 from planner.schema import (
     Profile,
     TrainSetup,
@@ -122,23 +123,37 @@ def _tolerance_bytes(problem: Problem) -> float:
     return tol * (len(rows) + coefficients) * MIB
 
 
-def find_runs(layers: list[LayerCost]) -> list[Run]:
+def find_runs(layers: list[LayerCost], apart: list | None = None) -> list[Run]:
     """Consecutive layers with the same numbers: the kind's and variant's (layers.layer_costs), and what a layer
     has by its place: the output the next layer pays for (output_shared_bytes: the last of a chain of layers that
     each save their input, the layer before's saved output, keeps its own whole), its tied sets, its frozen count (a
     kind's frozen and trained layers share their times, not their gradients: layers.frozen_count), whether its
-    input and output need a gradient (a stage's gradient buffers: rules.first_layer_buffer_bytes)."""
-    def numbers(layer: LayerCost) -> tuple:
+    input and output need a gradient (a stage's gradient buffers: rules.first_layer_buffer_bytes). `apart`: a
+    figure per layer the rows read at a run's first layer beyond its kind's numbers (_units_apart), equal within
+    a run too."""
+    def numbers(index: int) -> tuple:
+        layer = layers[index]
         return layer.kind, layer.variant, layer.output_shared_bytes, layer.tied, layer.shared_before, \
-            layer.frozen_param_count, layer.input_grad, layer.output_grad
+            layer.frozen_param_count, layer.input_grad, layer.output_grad, None if apart is None else apart[index]
 
     runs: list[Run] = []
     for idx, layer in enumerate(layers):
-        if runs and numbers(runs[-1].layer) == numbers(layer):
+        if runs and numbers(runs[-1].start) == numbers(idx):
             runs[-1] = Run(runs[-1].start, runs[-1].size + 1, runs[-1].layer)
         else:
             runs.append(Run(idx, 1, layer))
     return runs
+
+
+def _units_apart(profile: Profile, setup: TrainSetup) -> list | None:
+    """Each layer's (parameters on the rank, Float8 weights) where FSDP2's units are charged per moment: the
+    profile's own counts (gathered.stage_units), not the kind's maximum a LayerCost holds, which the moment rows
+    read at a run's first layer (milp_moments._least, _params); a run mixing them charged a layer of no parameters
+    its kind's all-gather (§66.milpfsdp: infeasible where evaluate fits). None where not charged per moment."""
+    if not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
+        return None
+    params, fp8, _ = gathered.stage_units(profile, setup)
+    return list(zip(params, fp8))
 
 
 def _count_var(name: str, size: int) -> pulp.LpVariable:
@@ -174,7 +189,8 @@ def build_problem(
     if setup.pipeline.stages > len(layers):
         raise ValueError(f"{setup.pipeline.stages} stages need at least {setup.pipeline.stages} layers, the profile has {len(layers)}")
     lp = pulp.LpProblem("ckplan", pulp.LpMinimize)
-    problem = Problem(lp=lp, profile=profile, setup=setup, runs=find_runs(layers), objective=objective, outer=outer,
+    problem = Problem(lp=lp, profile=profile, setup=setup, runs=find_runs(layers, _units_apart(profile, setup)),
+                      objective=objective, outer=outer,
                       schedule=order, deadline=deadline)
     tau_max = float("inf")
     if objective == "time" and upper_bound_ms is not None and outer is None:
