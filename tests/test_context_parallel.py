@@ -446,12 +446,16 @@ def test_a_searched_cp_setup_counts_the_cp_ranks_as_weight_replicas():
 
 
 def test_search_cli_ranks_cp_configurations(tmp_path):
+    # 1F1B only: the interleaved configurations' MILP solves were 9/10 of the test's time and ran into its time limit;
+    # cp is enumerated whatever the schedule (§66.suitetime)
     out = tmp_path / "plan.yaml"
     result = CliRunner().invoke(cli, ["search", "--arch", "llama3-8b", "--gpus", "8", "--global-batch", "2",
                                       "--seq-len", "32768", "--runtime", "torchtitan", "--json", "--out", str(out),
-                                      "--time-limit", "60"])
+                                      "--time-limit", "60", "--schedules", "1F1B"])
     assert result.exit_code == 0, result.output
     assert " cp" in result.output  # a CP configuration among those ranked
+    ranking = json.loads(result.output[result.output.index("{"):])
+    assert ranking["counts"]["complete"] and 2 in [config["degrees"]["cp"] for config in ranking["ranked"]]
 
 
 def test_exports_write_cp_where_the_framework_takes_it(profiles, tmp_path):

@@ -104,8 +104,8 @@ def params(draw) -> dict:
 
 
 @st.composite
-def tiny_cases(draw):
-    n = draw(st.integers(1, 7))
+def tiny_cases(draw, max_layers=7):
+    n = draw(st.integers(1, max_layers))
     stages = draw(st.integers(1, min(3, n)))
     kinds = draw(st.lists(st.sampled_from("AAB C"), min_size=n, max_size=n))  # runs of one kind
     layers = [

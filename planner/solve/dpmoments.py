@@ -132,29 +132,33 @@ class StageMoments:
         else:
             ahead = needed
         grown = []
+        # the sets' fields as arrays, each option's extension a few numpy passes over all of them (one set at a time
+        # in Python took most of a ZeRO 2/3 solve's time: §66.suitetime); the same floats, max and sums exact
+        ms_all = np.array([state[0] for state in states], dtype=float)
+        going_all = np.array([NONE if state[4] is None else state[4] for state in states], dtype=float).reshape(-1, 5)
         for option, cost, kept, extra in choices:
             closing = self._absent(self.classes(m, option, kept, extra, opens=m == i, closes=True,
                                                 model_last=model_last), absent)
             open_end = self._absent(self.classes(m, option, kept, extra, opens=m == i, closes=False,
                                                  model_last=False), absent) if going_on else None
             code = option << shift
-            for ms, before, mask, _, going in states:
-                if ms + cost > budget:
-                    continue
-                pv = NONE if going is None else tuple(g - kept for g in going)
-                ending = self._merged([max(p, c) for p, c in zip(pv, closing)], needed)
-                nxt = None if open_end is None else self._merged(
-                    [max(p + t, w) for p, t, w in zip(pv, steps, open_end)], ahead)
+            rows = np.flatnonzero(~(ms_all + cost > budget))
+            pv = going_all[rows] - kept
+            endings = self._merged(np.maximum(pv, closing), needed)
+            nexts = [None] * len(rows) if open_end is None else self._merged(
+                np.maximum(pv + steps, open_end), ahead)
+            for row, ending, nxt in zip(rows.tolist(), endings, nexts):
+                ms, before, mask = states[row][:3]
                 grown.append((ms + cost, before + kept, mask | code, ending, nxt))
         return grown
 
     @staticmethod
-    def _merged(values: list, groups: tuple[tuple[int, ...], ...]) -> tuple:
-        """Each group's maximum in its first class, every other class -inf."""
-        out = [-INF] * 5
+    def _merged(values: np.ndarray, groups: tuple[tuple[int, ...], ...]) -> list[tuple]:
+        """Each row's classes as each group's maximum in its first class, every other class -inf."""
+        out = np.full_like(values, -INF)
         for group in groups:
-            out[group[0]] = max(values[c] for c in group)
-        return tuple(out)
+            out[:, group[0]] = values[:, list(group)].max(axis=1)
+        return list(map(tuple, out.tolist()))
 
     @staticmethod
     def _absent(values: tuple, absent: float) -> tuple:
@@ -178,15 +182,15 @@ class StageMoments:
         fields = fields[:, (fields != fields[0]).any(axis=0) | (np.arange(fields.shape[1]) < 2)]  # no constant
         order = np.lexsort(fields.T[::-1])
         fields = fields[order]
-        kept, out = fields[:0], []
+        kept, out = fields[:0].T, []  # a field a row: each field's comparison is one contiguous pass
         for start in range(0, len(fields), BLOCK):
             if deadline is not None:
                 deadline.check()
             block = fields[start:start + BLOCK]
-            beaten = np.tril((block[None, :, :] <= block[:, None, :]).all(axis=2), -1).any(axis=1)
-            if len(kept):
-                beaten |= (kept[None, :, :] <= block[:, None, :]).all(axis=2).any(axis=1)
-            kept = np.concatenate([kept, block[~beaten]])
+            beaten = np.tril(_no_worse(block.T, block), -1).any(axis=1)
+            if kept.shape[1]:
+                beaten |= _no_worse(kept, block).any(axis=1)
+            kept = np.concatenate([kept, block[~beaten].T], axis=1)
             out += [states[order[start + n]] for n in np.flatnonzero(~beaten)]
         return out
 
@@ -223,3 +227,11 @@ class StageMoments:
             out.append((ms, kept, max(x, stage.const_kept_bytes + floor), mask))
         return out, dataclasses.replace(stage, loss_scratch_bytes=stage.loss_scratch_bytes + floor)
 
+
+def _no_worse(sets, block) -> np.ndarray:
+    """[r, k]: whether set k (a column of `sets`, a field a row) is no worse than block's row r in every field,
+    field by field (numpy's all() over a short last axis took most of front's time: §66.suitetime)."""
+    out = sets[0][None, :] <= block[:, 0][:, None]
+    for field in range(1, len(sets)):
+        out &= sets[field][None, :] <= block[:, field][:, None]
+    return out
