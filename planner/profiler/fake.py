@@ -66,11 +66,12 @@ from planner.profiler import (
 )
 from planner.profiler.fake_mode import data_free, fake_module, fake_tensor, new_mode
 from planner.profiler.fake_split import with_split_times
-from planner.profiler.kinds import buffer_bytes, layer_kinds, lookup_param_count
+from planner.profiler.kinds import buffer_bytes, input_grads, layer_kinds, lookup_param_count
 from planner.profiler.opclass import Tracker, op_class
 from planner.profiler.roofline import Kernel, Work
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import StorageTracker, counted_bytes, storage_nbytes
+from planner.profiler.transients import forward_only_bytes
 from planner.profiler.userfault import blame
 from planner.runtime.recompute import find_options, layer_runner
 from planner.runtime.routing import Routing
@@ -311,14 +312,16 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
     signature (fake_same.py) an earlier layer has carries that layer's figures under its own name,
     unrun (False: every layer runs). The whole-model pass of kept bytes runs every layer: what a
     layer is charged depends on what the layers before it saved (saved.py)."""
-    kinds = layer_kinds(layers)
     layer_inputs = [inputs, *layer_outputs[:-1]]
+    with blame("the layers' forward"), data_free("a layer's forward", layers):
+        needs_grad = input_grads(layers, layer_inputs)  # as measured profiles record it (LayerProfile.input_requires_grad)
+    kinds = layer_kinds(layers, needs_grad)
     runs, records = [], []  # records: each layer's allocations and frees per option (allocseq)
     linears = []  # each layer's nn.Linear calls (Float8's record, planner/profiler/float8.py)
     # the layer each one's figures come from: itself, or the first of its signature (fake_same.py)
     sources, first_of, shared = [], {}, fake_same.shared_parameters([layer for _, layer in layers])
     for index, (name, layer) in enumerate(layers):
-        x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
+        x = layer_inputs[index].detach().requires_grad_(needs_grad[index] and layer_inputs[index].is_floating_point())
         output = layer_outputs[index]
         key = fake_same.signature(layer, x, output, shared) if once else None
         if key is not None and key in first_of:  # a layer like one measured: its figures, its own name
@@ -335,11 +338,16 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
         for param in layer.parameters():
             if param.requires_grad and param.grad is None:
                 param.grad = torch.zeros_like(param)
-        has_backward = grad is not None and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
+        trains = x.requires_grad or any(p.requires_grad for p in layer.parameters())
+        has_backward = grad is not None and trains
         with blame(f"layer {name!r}"), data_free(f"layer {name!r}"):
             # measure._transient_bytes's count, the same with the fresh weight gradients left out, and how much of
-            # it is the incoming gradient, in one run
-            transient, in_place, incoming = fake_wgrad.transient_parts(layer, x, grad)
+            # it is the incoming gradient, in one run; a layer running no backward: its forward's peak (§730)
+            if trains:
+                transient, in_place, incoming = fake_wgrad.transient_parts(layer, x, grad)
+            else:
+                transient = in_place = forward_only_bytes(layer, x, tracker=lambda device: StorageTracker())
+                incoming = 0
             fwd, bwd, recompute = _layer_work(layer, x, grad)
             linears.append(float8.module_linears(layer, x, name) if has_backward else [])
             runs.append(_LayerRun(fwd, bwd, recompute, transient, has_backward,
@@ -360,7 +368,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
         x, output = layer_inputs[index], layer_outputs[index]
         fwd, bwd, recompute, transient = run.fwd, run.bwd, run.recompute, run.transient
         params = list(layer.parameters())
-        count = sum(p.numel() for p in params)
+        count, trained = sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
         flops[name] = {"forward": fwd.flops, "backward": bwd.flops, "recompute": recompute.flops,
                        **{f"recompute {option}": run.option_work[option].flops for option in chosen[index]}}
         fwd_ms, bwd_ms = roofline_ms(fwd, gpu), roofline_ms(bwd, gpu)
@@ -374,10 +382,12 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             param_count=count,
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0), transient_bytes=transient,
+            trained_param_count=trained, param_tensors=sum(p.requires_grad for p in params),
+            input_requires_grad=needs_grad[index],
             weight_grad_transient_bytes=run.weight_grad_transient,
             incoming_grad_bytes=run.incoming,
             lookup_param_count=lookup_param_count(layer), buffer_bytes=buffer_bytes(layer),
-            step_ms=analytic.step_ms(count, gpu), **_routing_fields(run),
+            step_ms=analytic.step_ms(trained, gpu), **_routing_fields(run),
             recompute_options=[
                 RecomputeOption(name=OPTION_NONE, kept_bytes=act),
                 RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=fwd_ms if full_ms is None
@@ -392,7 +402,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                            if name in (OPTION_NONE, OPTION_FULL, *chosen[index])},
             float8=float8.record(linear_calls[index], gpu, fwd, bwd,
                                  {OPTION_FULL: recompute, **{option: run.option_work[option] for option in chosen[index]}}),
-        ), layer, x if index else None, output, gpu=gpu, counting=counting,  # the batch: no input gradient
+        ), layer, x if needs_grad[index] else None, output, gpu=gpu, counting=counting,  # no input gradient
             works=split_works.setdefault(sources[index], {})))
         on_layer(name)
     with blame("loss_fn(output, target)"), data_free("loss_fn(output, target)"):

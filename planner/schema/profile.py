@@ -308,18 +308,18 @@ class LayerProfile(Strict):
     # runtime's hook adds it whatever fuses the linears' (planner/cost/jobsettings.py). 0 elsewhere and in profiles
     # made before (read as no table)
     lookup_param_count: Count = 0
-    # its trained parameter tensors (measured profiles; 0 in analytic ones and older profiles): torch's Adam
+    # its trained parameter tensors (measured and fake profiles; 0 in analytic ones and older profiles): torch's Adam
     # keeps a step count per tensor, on the CPU (planner/cost/stepcounts.py)
     param_tensors: Count = 0
-    # of param_count, those it trains (requires_grad True; measured profiles of a model file that freezes some):
+    # of param_count, those it trains (requires_grad True; measured and fake profiles of a model file):
     # a frozen weight is held whole, but makes no gradient and torch's optimizers keep no state for it. None in
     # analytic profiles and those made before: every parameter trained
     trained_param_count: Count | None = None
-    # whether its input requires a gradient in the model's own forward (measured profiles: the layer before's output
+    # whether its input requires a gradient in the model's own forward (measured and fake profiles: the layer before's output
     # does, it or an earlier layer training): where not, and none of its parameters trains, its output needs none
     # either, and torch's pipelining runs no backward through it, allocates no receive buffer for a stage output
     # needing no gradient and sends no gradient of a stage input needing none (framework-facts §730, §731). None in
-    # analytic and fake profiles and those made before: every layer's input but the first's (the batch) does
+    # analytic profiles and those made before: every layer's input but the first's (the batch) does
     input_requires_grad: bool | None = None
     transient_bytes: Bytes  # extra peak during this layer's forward or backward beyond what is kept
     # of transient_bytes, the bytes that are the gradient of its output its backward runs on: the transient less
