@@ -239,18 +239,12 @@ def test_every_option_gives_the_same_output_and_gradients_bit_for_bit(model):
     assert not any("forward" in module.__dict__ for module in layer.modules())  # every submodule its own again
 
 
+@pytest.mark.usefixtures("one_thread")  # the bytes and options at any count (conftest.one_thread)
 def test_profile_lists_the_options_of_each_kind():
     loaded, layers = _llama_layers()
     inputs, targets = loaded.example_batch(2)
     outputs = modelfile.check_chain(layers, inputs)
-    # at one thread, as `profile --threads 1` does: the bytes and the options are the same at any count, and
-    # torch's default (a thread a core) spun on a busy 2-core machine (11.8 CPU-s against 1.0: docs/testing.md)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        result = measure_model(layers, inputs, targets, loaded.loss_fn, layer_outputs=outputs, warmup=0, repeats=1)
-    finally:
-        torch.set_num_threads(threads)
+    result = measure_model(layers, inputs, targets, loaded.loss_fn, layer_outputs=outputs, warmup=0, repeats=1)
     by_name = {layer.name: layer for layer in result.layers}
     blocks = [by_name["1"], by_name["2"]]
     for layer in result.layers:
