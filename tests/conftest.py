@@ -79,6 +79,20 @@ def _copies_where_marked(request, _profile_alone, monkeypatch):
         monkeypatch.setattr("planner.profiler.threads.MAX_COPIES", _profile_alone)
 
 
+@pytest.fixture
+def one_thread():
+    """torch at one thread in this process for the test, as `profile --threads 1` runs: for tests that
+    measure in process and read bytes, which are the same at any thread count. torch's default, a
+    thread a core, spins on a busy machine: test_profiler.py and test_kept_bytes.py took 145 CPU-s
+    at the default and 9 at one thread on this 2-core machine (docs/testing.md, session 66)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class _SharedRankServer:
     """Stands in for launcher.RankServer: every local run in this test process forks its ranks
     from one server (started at the first run), rather than starting a server, and importing

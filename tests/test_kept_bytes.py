@@ -20,6 +20,9 @@ from planner.profiler.measure import measure_model
 from planner.runtime.stagemodule import stage_module
 from planner.schema import OPTION_NONE
 
+# measured in this process, read as bytes: at one thread (conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 FIXTURES = ROOT / "tests" / "fixtures"
 MODELS = ["conv1d_resnet.py", "conv2d_net.py", "normpool_net.py"]
 

@@ -17,6 +17,9 @@ from planner.profiler.saved import saved_bytes
 from planner.profiler.storages import StorageTracker, storage_nbytes
 from planner.schema import DeviceInfo, FileRef, LayerProfile, Profile
 
+# measured in this process, read as bytes: at one thread (conftest.one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = ROOT / "configs" / "models"
 FIXTURES = ROOT / "tests" / "fixtures"

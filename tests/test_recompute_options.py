@@ -239,6 +239,7 @@ def test_every_option_gives_the_same_output_and_gradients_bit_for_bit(model):
     assert not any("forward" in module.__dict__ for module in layer.modules())  # every submodule its own again
 
 
+@pytest.mark.usefixtures("one_thread")  # the bytes and options at any count (conftest.one_thread)
 def test_profile_lists_the_options_of_each_kind():
     loaded, layers = _llama_layers()
     inputs, targets = loaded.example_batch(2)
