@@ -526,3 +526,15 @@ def test_a_chunked_milps_objective_is_held_to_the_plans_linear_time_within_the_g
     for objective, gap in ((linear * (1 - 1e-5), 1e-4), (linear * (1 + 5e-4), 1e-4), (linear * (1 + 5e-5), 0.0)):
         with pytest.raises(search.SolverMismatch):
             checked(objective, gap)
+
+    # an incumbent HiGHS did not prove optimal (a time limit's): its objective may sit above the plan's linear time
+    # by its own gap, or by any amount where it proves none; never below
+    def incumbent(objective, gap):
+        return search._checked_chunked(ranks, profile, setup, SolveResult("feasible", objective, gap, 0.1), None,
+                                       mip_gap=1e-4)
+
+    assert incumbent(linear * 1.02, 0.03).cost.iteration_ms == costmodel.evaluate(ranks, profile, setup).iteration_ms
+    assert incumbent(linear * 1.5, None).solve.status == "feasible"
+    for objective, gap in ((linear * 1.02, 0.01), (linear * (1 - 1e-5), 0.03), (linear * (1 - 1e-5), None)):
+        with pytest.raises(search.SolverMismatch):
+            incumbent(objective, gap)

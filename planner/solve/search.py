@@ -305,10 +305,16 @@ def _checked_chunked(ranks: list[StagePlan], profile: Profile, setup: TrainSetup
     # The MILP's time may sit above the plan's own linear time by up to the gap HiGHS stops at
     # (seen: 2.1e-5 of the objective above it, at mip_gap 1e-4, search over a tiny LLaMA with
     # interleaved-1F1B), never below it by more than its row tolerance: that would be a row the
-    # MILP undercounts
-    if linear - result.objective > 1e-6 * size or result.objective - linear > (mip_gap + 1e-6) * size:
+    # MILP undercounts. A plan HiGHS did not prove optimal (its incumbent at a time limit) may carry
+    # slack in its time variables (τ above every stage's time): its objective sits above its linear
+    # time by up to its own gap (any plan's linear time is at least the bound), by an unproven amount
+    # where HiGHS gives no gap (seen: 2.0% above, a search's share of its time on CI)
+    allowed = mip_gap
+    if result.status == "feasible":
+        allowed = float("inf") if result.gap is None else max(mip_gap, result.gap)
+    if linear - result.objective > 1e-6 * size or result.objective - linear > (allowed + 1e-6) * size:
         raise SolverMismatch(f"plan re-evaluates to a linear time of {linear!r} ms but the solver's objective is "
-                             f"{result.objective!r}")
+                             f"{result.objective!r} ({result.status}, gap {result.gap!r})")
     cost = costmodel.evaluate(ranks, profile, setup)
     _check_solver_rows(cost, "ranks")
     if start is not None:
