@@ -538,3 +538,26 @@ def test_a_chunked_milps_objective_is_held_to_the_plans_linear_time_within_the_g
     for objective, gap in ((linear * 1.02, 0.01), (linear * (1 - 1e-5), 0.03), (linear * (1 - 1e-5), None)):
         with pytest.raises(search.SolverMismatch):
             incumbent(objective, gap)
+
+
+def test_a_one_chunk_milps_incumbent_may_sit_above_its_plans_time_by_its_gap_never_below():
+    """search._checked: a proven optimum equals its plan's time under evaluate; an incumbent HiGHS did not prove
+    optimal (a time limit's) may sit above it by its own gap, or by any amount where it proves none."""
+    from planner.solve import search
+    from planner.solve.highs import SolveResult
+
+    profile = _profile()
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, mem_caps_bytes=[2**40] * 2)
+    stages = costmodel.split_to_stages([0, 4], [0] * 8, profile)
+    time_ms = costmodel.evaluate(stages, profile, setup).iteration_ms
+
+    def checked(status, objective, gap):
+        return search._checked(stages, profile, setup, SolveResult(status, objective, gap, 0.1))
+
+    assert checked("optimal", time_ms, 0.0).cost.iteration_ms == time_ms
+    assert checked("feasible", time_ms * 1.02, 0.03).cost.iteration_ms == time_ms
+    assert checked("feasible", time_ms * 1.5, None).cost.iteration_ms == time_ms
+    for status, objective, gap in (("optimal", time_ms * 1.02, 0.0), ("feasible", time_ms * 1.02, 0.01),
+                                   ("feasible", time_ms * (1 - 1e-5), 0.03)):
+        with pytest.raises(search.SolverMismatch):
+            checked(status, objective, gap)
