@@ -107,30 +107,43 @@ def _input_pass_bound(problem: Problem, k: int, n):
 
 
 def _weight_pass_bound(problem: Problem, k: int, n):
-    """V_k + C_k: V_k ≥ the weight-pass peak of every (run, option) present in stage k, the run's
-    layers under no option included: the largest layer's, as evaluate() takes it (assembly.stage_sums);
-    C_k ≥ the largest carry (the weight gradients torch's stage_backward_weight keeps from one layer
-    while the next layer's run: wgroups.py) of any present, where the stage holds two layers or more.
-    Above evaluate's where the largest carry is the stage's last layer's or not beside the largest peak."""
+    """W_k ≥ max(V_k, F_k + C_k): V_k ≥ the weight-pass peak of every (run, option) present in stage k, the
+    run's layers under no option included: the largest layer's, as evaluate() takes it (assembly.stage_sums);
+    F_k ≥ the first parameter group's peak of any present (wgroups.weight_pass_first_peak_bytes, at most its
+    layer's peak), the moment a layer's first group runs beside what the layer before leaves; C_k ≥ the largest
+    carry (the weight gradients torch's stage_backward_weight keeps from one layer while the next layer's run:
+    wgroups.py) of any present, where the stage holds two layers or more. Above evaluate's where the largest
+    carry is the stage's last layer's or not before the largest first group (V_k + C_k charged a whole peak on
+    the carry: up to 8.9% slower plans on 6-layer ZBV cases, docs/published-runs.md §67.review66)."""
     bound = pulp.LpVariable(f"V_{k}", lowBound=0)
+    first = pulp.LpVariable(f"F_{k}", lowBound=0)
     carry = pulp.LpVariable(f"C_{k}", lowBound=0)
-    # s_k: stage k holds one layer at most (no layer before another's weight pass)
-    single = pulp.LpVariable(f"s_{k}", cat="Binary")
-    size = pulp.lpSum(n(k, g) for g in range(len(problem.runs)))
-    problem.lp += size <= 1 + len(problem.profile.layers) * (1 - single), f"weight_single_{k}"
+    single = None  # s_k: stage k holds one layer at most (no layer before another's weight pass)
     for g, run in enumerate(problem.runs):
         order = problem.order[g]
         counts = [(0, n(k, g) - pulp.lpSum(problem.r[k, g, o] for o in order))]
         counts += [(o, problem.r[k, g, o]) for o in order]
         for o, count in counts:
             peak, held = _layer(problem, ("wpeak",), run.layer, o), _layer(problem, ("wcarry",), run.layer, o)
-            if peak > 0 or held > 0:
-                present = _presence(problem, f"v_{k}_{g}_{o}", count, run.size)
+            if peak <= 0 and held <= 0:
+                continue
+            present = _presence(problem, f"v_{k}_{g}_{o}", count, run.size)
             if peak > 0:
                 problem.lp += bound >= peak / MIB * present, f"weight_pass_{k}_{g}_{o}"
+                problem.lp += first >= _layer(problem, ("wfirst",), run.layer, o) / MIB * present, \
+                    f"weight_first_{k}_{g}_{o}"
             if held > 0:
+                if single is None:
+                    single = pulp.LpVariable(f"s_{k}", cat="Binary")
+                    size = pulp.lpSum(n(k, h) for h in range(len(problem.runs)))
+                    problem.lp += size <= 1 + len(problem.profile.layers) * (1 - single), f"weight_single_{k}"
                 problem.lp += carry >= held / MIB * (present - single), f"weight_carry_{k}_{g}_{o}"
-    return bound + carry
+    if single is None:
+        return bound
+    whole = pulp.LpVariable(f"W_{k}", lowBound=0)
+    problem.lp += whole >= bound, f"weight_whole_{k}"
+    problem.lp += whole >= first + carry, f"weight_first_carry_{k}"
+    return whole
 
 
 def _weighted(vector: tuple[int, ...], per_count: list[list]):
