@@ -85,3 +85,18 @@ def test_each_flag_read_from_the_code_is_listed_with_what_it_is(tmp_path):
         ["no effect", "no effect"]
     assert _status(job, "--no-persist-layer-norm")[0][0] == "not modelled"
     assert job.of("unknown") == []
+
+
+@pytest.mark.parametrize("alias, flag, value, says", [
+    ("--encoder-num-layers", "--num-layers", "four", "--encoder-num-layers 'four' is not a whole number"),
+    ("--encoder-num-layers", "--num-layers", "4 5", "--encoder-num-layers takes one value and was given 2 (4 5)"),
+    ("--encoder-seq-length", "--seq-length", "0", "--encoder-seq-length 0: give 1 or more")])
+def test_an_encoder_forms_bad_value_is_named_as_given(tmp_path, alias, flag, value, says):
+    """The error names the flag the file gives, not the one it is read as (the reader said "--num-layers 'four' is
+    not a whole number" of a file that gives no --num-layers)."""
+    path = tmp_path / "args.yaml"
+    lines = [line for line in BASE if not line.startswith(flag + ":")] + [f"{alias}: {value}"]
+    path.write_text("MODEL_ARGS:\n" + "".join(f"  {line}\n" for line in lines))
+    result = run("evaluate", "--from-megatron", path, "--gpus", "8", "--gpu", "H100")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert says in result.output and f"{flag} " not in result.output.replace(alias, "")

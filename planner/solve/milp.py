@@ -145,6 +145,14 @@ def find_runs(layers: list[LayerCost], apart: list | None = None) -> list[Run]:
     return runs
 
 
+def problem_runs(profile: Profile, setup: TrainSetup) -> list[Run]:
+    """The runs build_problem builds for `setup` as given (its P·V stages for a chunked schedule): find_runs over
+    the profile's layers, split where FSDP2's units are charged per moment (_units_apart). The search route counts
+    these to decide whether the layers are distinct enough to start from the heuristic (search._better_start)."""
+    setup = costmodel.stages_view(setup, costmodel.schedule_of(setup))
+    return find_runs(costmodel.layer_costs(profile), _units_apart(profile, setup))
+
+
 def _units_apart(profile: Profile, setup: TrainSetup) -> list | None:
     """Each layer's (parameters on the rank, Float8 weights) where FSDP2's units are charged per moment: the
     profile's own counts (gathered.stage_units), not the kind's maximum a LayerCost holds, which the moment rows
@@ -182,6 +190,7 @@ def build_problem(
     A chunked schedule (interleaved-1F1B, ZB, ZBV, DualPipeV) is built over its P·V stages,
     with each rank's rows over its chunks (_rank_rows) and its linear time (_chunked_time)."""
     layers = costmodel.layer_costs(profile)
+    runs = problem_runs(profile, setup)
     order = costmodel.schedule_of(setup)
     # a rank of several stages: its rows over its chunks (_rank_rows) against the setup as given
     outer = setup if order.num_chunks > 1 else None
@@ -189,7 +198,7 @@ def build_problem(
     if setup.pipeline.stages > len(layers):
         raise ValueError(f"{setup.pipeline.stages} stages need at least {setup.pipeline.stages} layers, the profile has {len(layers)}")
     lp = pulp.LpProblem("ckplan", pulp.LpMinimize)
-    problem = Problem(lp=lp, profile=profile, setup=setup, runs=find_runs(layers, _units_apart(profile, setup)),
+    problem = Problem(lp=lp, profile=profile, setup=setup, runs=runs,
                       objective=objective, outer=outer,
                       schedule=order, deadline=deadline)
     tau_max = float("inf")

@@ -63,7 +63,7 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         pending = [[_run_sum(problem, "wgrad", k, n)
                     - costmodel.loss_freed_at_input_pass_bytes(problem.profile, k, problem.setup) / MIB] if run else []
                    for k, run in zip(stages, passes)]
-        weight_pass = [_weight_pass_bound(problem, k, n) if run else memory.transient if split else 0
+        weight_pass = [_weight_pass_bound(problem, k, n, closes) if run else memory.transient if split else 0
                        for k, run, memory in zip(stages, passes, memories)]
         # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
         # input peak on top of what every layer of the stage leaves for the weight pass
@@ -106,31 +106,59 @@ def _input_pass_bound(problem: Problem, k: int, n):
     return bound + _run_sum(problem, "wgrad", k, n)
 
 
-def _weight_pass_bound(problem: Problem, k: int, n):
-    """V_k + C_k: V_k ≥ the weight-pass peak of every (run, option) present in stage k, the run's
-    layers under no option included: the largest layer's, as evaluate() takes it (assembly.stage_sums);
-    C_k ≥ the largest carry (the weight gradients torch's stage_backward_weight keeps from one layer
-    while the next layer's run: wgroups.py) of any present, where the stage holds two layers or more.
-    Above evaluate's where the largest carry is the stage's last layer's or not beside the largest peak."""
+def _weight_pass_bound(problem: Problem, k: int, n, closes):
+    """W_k ≥ max(V_k, F_k + C_k): V_k ≥ the weight-pass peak of every (run, option) present in stage k, the
+    run's layers under no option included: the largest layer's, as evaluate() takes it (assembly.stage_sums);
+    F_k ≥ the first parameter group's peak of any present (wgroups.weight_pass_first_peak_bytes, at most its
+    layer's peak), the moment a layer's first group runs beside what the layer before leaves; C_k ≥ the largest
+    carry (the weight gradients torch's stage_backward_weight keeps from one layer while the next layer's run:
+    wgroups.py) of any present but the stage's last layer's, where that is its run's one layer in the stage
+    (_last_alone). Above evaluate's where the largest carry is not before the largest first group (V_k + C_k
+    charged a whole peak on the carry: 8.5% slower plans on a 6-layer ZBV case, docs/published-runs.md
+    §67.review66)."""
     bound = pulp.LpVariable(f"V_{k}", lowBound=0)
+    first = pulp.LpVariable(f"F_{k}", lowBound=0)
     carry = pulp.LpVariable(f"C_{k}", lowBound=0)
-    # s_k: stage k holds one layer at most (no layer before another's weight pass)
-    single = pulp.LpVariable(f"s_{k}", cat="Binary")
-    size = pulp.lpSum(n(k, g) for g in range(len(problem.runs)))
-    problem.lp += size <= 1 + len(problem.profile.layers) * (1 - single), f"weight_single_{k}"
+    carried = False
     for g, run in enumerate(problem.runs):
         order = problem.order[g]
         counts = [(0, n(k, g) - pulp.lpSum(problem.r[k, g, o] for o in order))]
         counts += [(o, problem.r[k, g, o]) for o in order]
+        alone = None
         for o, count in counts:
             peak, held = _layer(problem, ("wpeak",), run.layer, o), _layer(problem, ("wcarry",), run.layer, o)
-            if peak > 0 or held > 0:
-                present = _presence(problem, f"v_{k}_{g}_{o}", count, run.size)
+            if peak <= 0 and held <= 0:
+                continue
+            present = _presence(problem, f"v_{k}_{g}_{o}", count, run.size)
             if peak > 0:
                 problem.lp += bound >= peak / MIB * present, f"weight_pass_{k}_{g}_{o}"
+                problem.lp += first >= _layer(problem, ("wfirst",), run.layer, o) / MIB * present, \
+                    f"weight_first_{k}_{g}_{o}"
             if held > 0:
-                problem.lp += carry >= held / MIB * (present - single), f"weight_carry_{k}_{g}_{o}"
-    return bound + carry
+                if alone is None:
+                    alone = _last_alone(problem, k, g, n, closes)
+                problem.lp += carry >= held / MIB * (present - alone), f"weight_carry_{k}_{g}_{o}"
+                carried = True
+    if not carried:
+        return bound
+    whole = pulp.LpVariable(f"W_{k}", lowBound=0)
+    problem.lp += whole >= bound, f"weight_whole_{k}"
+    problem.lp += whole >= first + carry, f"weight_first_carry_{k}"
+    return whole
+
+
+def _last_alone(problem: Problem, k: int, g: int, n, closes):
+    """z ≤ [run g holds stage k's last layer and no other of the stage]: its carry has no later layer of the
+    stage to run beside (a stage of one layer among them); 0 where it cannot be."""
+    last = closes(k, g)
+    if isinstance(last, int) and last == 0:
+        return 0
+    size = problem.runs[g].size
+    z = pulp.LpVariable(f"z_{k}_{g}", cat="Binary")
+    problem.lp += z <= last, f"weight_last_{k}_{g}"
+    if size > 1:
+        problem.lp += n(k, g) <= 1 + size * (1 - z), f"weight_alone_{k}_{g}"
+    return z
 
 
 def _weighted(vector: tuple[int, ...], per_count: list[list]):

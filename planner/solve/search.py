@@ -349,7 +349,7 @@ def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, de
     heterogeneous 128x16, against 15% for the best baseline). Runs of identical layers
     keep the MILP small without it."""
     if (setup.pipeline.chunks > 1  # the heuristic grows one stage per rank
-            or len(milp.find_runs(costmodel.layer_costs(profile))) <= HEURISTIC_RUNS_PER_STAGE * setup.pipeline.stages):
+            or len(milp.problem_runs(profile, setup)) <= HEURISTIC_RUNS_PER_STAGE * setup.pipeline.stages):
         return upper_bound_ms, start
     found = incumbent.heuristic_plan(profile, setup, upper_bound_ms=upper_bound_ms, deadline=deadline)
     if found is None:

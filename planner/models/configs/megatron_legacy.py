@@ -13,6 +13,7 @@ that reads it at NVIDIA/Megatron-LM d98e8a64ddf3 (2026-08-22):
 from __future__ import annotations
 
 from planner.errors import UserError
+from planner.models.configs.megatron_args import cast_value, positive
 from planner.models.configs.megatron_files import check_hybrid
 
 # arguments.py 591-605: each an assert (or exit) in validate_args, with the flag that replaces it
@@ -169,6 +170,10 @@ def settled_pairs(pairs: list[tuple[str, list[str]]], where: str) -> tuple[list[
             if ALIASES[flag] in given:
                 raise UserError(f"{where} gives both {flag} and {ALIASES[flag]}, which Megatron-LM refuses (an assert "
                                 "in arguments.py's validate_args at d98e8a64); give one")
+            if len(values) != 1:  # checked here, so that the error names the flag the file gives
+                raise UserError(f"{flag} takes one value and was given {len(values)} ({' '.join(values) or 'none'}); "
+                                "give one")
+            positive(flag, cast_value(flag, values[0], int))
             out.append((ALIASES[flag], values))  # the flag itself stays, listed as read (MODELLED)
         out.append((flag, values))
     if rotary and "--position-embedding-type" not in given:
