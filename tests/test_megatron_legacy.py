@@ -100,3 +100,22 @@ def test_an_encoder_forms_bad_value_is_named_as_given(tmp_path, alias, flag, val
     result = run("evaluate", "--from-megatron", path, "--gpus", "8", "--gpu", "H100")
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert says in result.output and f"{flag} " not in result.output.replace(alias, "")
+
+
+@pytest.mark.parametrize("optimizer, momentum, status", [("adam", "0.9", "no effect"), ("sgd", "0.9", "modelled"),
+                                                         ("sgd", "0", "not modelled"), ("sgd", "0.0", "not modelled")])
+def test_sgd_momentum_is_listed_as_what_it_does_under_the_optimizer_given(tmp_path, optimizer, momentum, status):
+    """--sgd-momentum is read by SGD only, and at 0 FusedSGD keeps no buffer while ckplan charges one (over):
+    the reader listed it "modelled" under Adam and at 0 alike."""
+    job = _job(tmp_path, BASE + [f"--optimizer: {optimizer}", f"--sgd-momentum: {momentum}"])
+    [(said, what)] = _status(job, "--sgd-momentum")
+    assert said == status and job.optimizer == optimizer
+    assert ("the run steps adam" in what) == (optimizer == "adam")
+
+
+def test_a_flag_given_false_is_listed_off_not_as_what_it_turns_on(tmp_path):
+    """`--use-rotary-position-embeddings: false` was listed "no effect" with "read as --position-embedding-type
+    rope" for what it is, which says the opposite."""
+    job = _job(tmp_path, BASE + ["--use-rotary-position-embeddings: false"])
+    [(said, what)] = _status(job, "--use-rotary-position-embeddings")
+    assert said == "no effect" and what.startswith("given false, so off")

@@ -43,7 +43,7 @@ from planner.models.configs.megatron_flags import (
     read_normalization,
 )
 from planner.models.configs.megatron_float8 import read_float8
-from planner.models.configs.megatron_legacy import settled_pairs
+from planner.models.configs.megatron_legacy import settled_pairs, sgd_momentum
 from planner.models.configs.megatron_memflags import read_memory_settings
 from planner.models.configs.megatron_moe_dispatch import read as read_dispatcher
 from planner.models.configs.megatron_offload import read_cpu_offloading
@@ -100,8 +100,7 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str, files: dict[str, 
     mbs = positive("--micro-batch-size", flags.take("--micro-batch-size", "sequences per microbatch", int, 1))
     job = Job(framework="megatron", source=where, arch=arch, seq_len=seq_len, micro_batch_size=mbs, vocab_unpadded=vocab,
               attention="eager" if backend in EAGER_BACKENDS or local else "flash")
-    job.global_batch_size = positive("--global-batch-size",
-                                      flags.take("--global-batch-size", "sequences per iteration", int))
+    job.global_batch_size = positive("--global-batch-size", flags.take("--global-batch-size", "sequences per iteration", int))
     _parallel(flags, job)
     _recompute(flags, job)
     read_cpu_offloading(flags, job)  # after the pipeline and recompute it refuses
@@ -397,6 +396,7 @@ def _precision(flags: Flags, job: Job) -> None:
     if name not in ("adam", "sgd"):
         raise UserError(f"--optimizer {name!r}: ckplan scores adam and sgd; give one of them")
     job.optimizer = name
+    sgd_momentum(flags.given, job)
 
 
 def _settings(flags: Flags, job: Job) -> None:
@@ -479,12 +479,12 @@ def _rest(flags: Flags, job: Job) -> None:
                 job.said(flag, value, "modelled", "at its default: nothing to add")
             else:
                 job.said(flag, value, "not modelled", pending(PENDING_FLAGS[flag]))
-        elif flag in MODELLED:
-            job.said(flag, value, "no effect" if values == ["false"] else "modelled", MODELLED[flag])
         elif flag in NEGATED and values == ["false"]:
             job.said(flag, value, "not modelled", NOT_MODELLED[NEGATED[flag]])
-        elif flag in NOT_MODELLED:
-            job.said(flag, value, "no effect" if values == ["false"] else "not modelled", NOT_MODELLED[flag])
+        elif flag in MODELLED or flag in NOT_MODELLED:  # a store_true flag given false is off
+            what, off = MODELLED.get(flag) or NOT_MODELLED[flag], values == ["false"]
+            job.said(flag, value, "no effect" if off else "modelled" if flag in MODELLED else "not modelled",
+                     f"given false, so off (on: {what})" if off else what)
         elif flag in NO_EFFECT:
             job.said(flag, value, "no effect", NO_EFFECT[flag])
         elif flag.startswith(tuple(NOT_MODELLED_FAMILIES)):

@@ -36,8 +36,7 @@ MODELLED = {**{flag: f"read as {instead}, as Megatron-LM reads it where {instead
                      "1304-1311, 1346-1351 at d98e8a64)" for flag, instead in ALIASES.items()},
             ROTARY: "read as --position-embedding-type rope, as Megatron-LM sets it (arguments.py 1625-1627 at d98e8a64)",
             # megatron/core/optimizer/__init__.py 622-627: TE's or apex's FusedSGD with this momentum
-            "--sgd-momentum": "SGD's momentum: a momentum buffer a parameter charged (FusedSGD keeps none at 0, "
-                              "which is not modelled)"}
+            "--sgd-momentum": "SGD's momentum: a momentum buffer a parameter charged"}
 
 _NONE = "read by no Megatron-LM code at d98e8a64 but arguments.py"
 _BERT = "BERT and T5 pretraining's data (examples/bert/pretrain_bert.py, examples/t5/pretrain_t5.py only)"
@@ -179,3 +178,27 @@ def settled_pairs(pairs: list[tuple[str, list[str]]], where: str) -> tuple[list[
     if rotary and "--position-embedding-type" not in given:
         out.append(("--position-embedding-type", ["rope"]))
     return out, notes
+
+
+
+def sgd_momentum(given: dict[str, list[str]], job) -> None:
+    """Lists --sgd-momentum where it is not what MODELLED says, and takes it from `given`: read by SGD only
+    (megatron/core/optimizer/__init__.py 622-627 at d98e8a64), and at 0 FusedSGD keeps no momentum buffer while
+    ckplan's SGD charges one a parameter."""
+    values = given.get("--sgd-momentum")
+    if values is None or values == ["false"]:
+        return
+    if job.optimizer != "sgd":
+        job.said("--sgd-momentum", " ".join(given.pop("--sgd-momentum")), "no effect",
+                 f"SGD's momentum, read by SGD only: the run steps {job.optimizer}")
+    elif len(values) == 1 and _zero(values[0]):
+        job.said("--sgd-momentum", given.pop("--sgd-momentum")[0], "not modelled",
+                 "SGD without momentum: FusedSGD keeps no momentum buffer at 0, ckplan's SGD charges one a "
+                 "parameter (over, never under)")
+
+
+def _zero(text: str) -> bool:
+    try:
+        return float(text) == 0.0
+    except ValueError:
+        return False
