@@ -10,6 +10,7 @@ from planner.cost import (
     boundgrad,
     dataparallel,
     gathered,
+    loss_records,
     megatron_fsdp_moments,
     te_offload,
 )
@@ -392,11 +393,17 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
         weight_pass_peak_bytes=int(round(weight_pass_peak_bytes([(v["wpeak"], v["wfirst"], v["wcarry"])
                                                                 for v in per_layer]))),
         # the last stage's input pass starts with the loss's backward, whose gradient of the last
-        # layer's output stays until the pass ends (a middle stage's is its receive buffer)
+        # layer's output stays until the pass ends (a middle stage's is its receive buffer), and whose
+        # saved tensors stay through it (retain_graph: loss_records.input_pass_retained_bytes)
         input_pass_peak_bytes=int(round(max(input_pass_peak_bytes([(v["ipeak"], v["wgrad"]) for v in per_layer])
                                             + (last.output_bytes if stage == setup.pipeline.stages - 1 else 0),
-                                            loss_extra))),
+                                            loss_extra + _retained_at_input_pass(stage, profile, setup)))),
     )
+
+
+def _retained_at_input_pass(stage: int, profile: Profile, setup: TrainSetup) -> int:
+    last = stage == setup.pipeline.stages - 1
+    return loss_records.input_pass_retained_bytes(profile, setup) if last else 0
 
 
 def split_to_stages(

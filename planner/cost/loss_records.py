@@ -52,3 +52,33 @@ def loss_record(*, kept: int, transient: int, grad: int) -> AllocRecord:
     backward += [-1] if saved else []
     backward += [-scratch_id] if scratch_id else []
     return AllocRecord(forward=forward, backward=backward, output=output, input_grad=grad_id)
+
+
+def input_pass_retained_bytes(profile: Profile, setup: TrainSetup) -> int:
+    """What the last stage's split input pass holds beyond the loss's backward peak as the record has it: torch's
+    stage_backward_input runs the loss's backward with retain_graph=True (torch 2.13.0 cf30153c
+    distributed/pipelining/_backward.py 246-250), so every tensor the loss's forward saved stays until the pass detaches
+    the loss at its end (263-265), where a full backward frees each as its node runs (docs/framework-facts.md §856).
+    The record's backward replayed with those frees deferred, its peak less the peak with them (0 where the loss
+    frees nothing it saved before its peak)."""
+    record = stage_loss(profile, setup)
+    if record is None:
+        return 0
+    made = [event for event in record.forward if event > 0]
+    return max(0, _backward_peak(record.backward, made, retained=True) - _backward_peak(record.backward, made,
+                                                                                          retained=False))
+
+
+def _backward_peak(events: list[int], made: list[int], *, retained: bool) -> int:
+    """The highest a backward's own allocations stand over what was live before it (`made`: the forward's
+    allocations, ids 1..len(made), whose frees count unless `retained`)."""
+    sizes = {idx: size for idx, size in enumerate(made, start=1)}
+    live = peak = 0
+    for event in events:
+        if event > 0:
+            sizes[len(sizes) + 1] = event
+            live += event
+            peak = max(peak, live)
+        elif -event > len(made) or not retained:
+            live -= sizes.get(-event, 0)
+    return peak

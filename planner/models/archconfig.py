@@ -37,7 +37,7 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
     if model_type and model_type not in (*GATED_TYPES, *MOE_TYPES, *GPT_TYPES):
         raise UserError(f"{where}: model_type {model_type!r} is not read; --arch-config reads "
                         f"{', '.join((*GATED_TYPES, *MOE_TYPES, *GPT_TYPES))} configs (one without model_type "
-                        f"is read as LLaMA-style){_built_from_code(model_type)}")
+                        f"is read as LLaMA-style; `search --hf-config` reads the same){_built_from_code(model_type)}")
     _refuse_unmodelled(config, where, model_type)
     if model_type == "gpt2":
         return _gpt2(config, where, name)

@@ -252,9 +252,30 @@ def _check_built(config: dict, *, seq_len: int) -> None:
         raise UserError(f"the {config['model_type']} config's pad_token_id {pad}{given} is not below its vocab_size "
                         f"{hf.vocab_size}, and transformers' embedding refuses that: give --hf-set pad_token_id=null "
                         "or an id below vocab_size")
+    _check_heads(config, hf)
     if getattr(hf, "is_encoder_decoder", False) or getattr(hf, "add_cross_attention", False):
         raise UserError("the config describes an encoder-decoder model; ckplan builds decoder-only causal LMs "
                         "from a config")
+
+
+def _check_heads(config: dict, hf) -> None:
+    """The attention's shape as transformers builds it, refused in one sentence before a layer fails on it: the
+    heads split the hidden size (where no head_dim is given), the key/value heads divide the query heads, and a
+    rotary head's rotated dimension is even (rotate_half pairs its halves)."""
+    family, hidden, heads = config["model_type"], hf.hidden_size, hf.num_attention_heads
+    kv = getattr(hf, "num_key_value_heads", None) or heads
+    if config.get("head_dim") is None and hidden % heads:
+        raise UserError(f"the {family} config's hidden_size {hidden} is not a multiple of its num_attention_heads "
+                        f"{heads}, and it gives no head_dim: give a head count that divides {hidden}, or head_dim")
+    if heads % kv:
+        raise UserError(f"the {family} config's num_key_value_heads {kv} does not divide its num_attention_heads "
+                        f"{heads}: give a divisor of {heads}")
+    head = config.get("head_dim") or hidden // heads
+    rotated = int(head * (getattr(hf, "partial_rotary_factor", None) or 1.0))
+    if family not in ("gpt2", "deepseek_v2", "deepseek_v3") and rotated % 2:
+        raise UserError(f"the {family} config's heads of {head} rotate {rotated} dimensions, an odd number, and "
+                        f"rotary positions pair them: give a head size (hidden_size / num_attention_heads, or "
+                        f"head_dim) with an even rotated part")
 
 
 def _window_refusal(family: str, seq_len: int, window: int) -> str:

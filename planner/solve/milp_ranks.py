@@ -8,6 +8,7 @@ from functools import partial
 import pulp
 
 from planner.cost import costmodel, schedules, stagesends
+from planner.cost.loss_records import input_pass_retained_bytes
 from planner.solve.milp_rows import (
     MIB,
     Problem,
@@ -97,7 +98,10 @@ def _input_pass_bound(problem: Problem, k: int, n):
     On the pipeline's last stage the gradient of its output (the logits) stays through the pass
     (assembly.stage_sums), on top of every layer's input peak; the loss's backward is its own."""
     last = problem.runs[-1].layer.output_bytes if k == problem.setup.pipeline.stages - 1 else 0
-    bound = pulp.LpVariable(f"U_{k}", lowBound=max(_const(problem, ("extra",), k), last) / MIB)
+    # the loss's backward with its saved tensors retained through the pass (loss_records.input_pass_retained_bytes)
+    retained = input_pass_retained_bytes(problem.profile, problem.setup) if k == problem.setup.pipeline.stages - 1 else 0
+    loss = _const(problem, ("extra",), k) + retained
+    bound = pulp.LpVariable(f"U_{k}", lowBound=max(loss, last) / MIB)
     for g, run in enumerate(problem.runs):
         peaks = [_layer(problem, ("ipeak",), run.layer, o) for o in (0, *problem.order[g])]
         if max(peaks) > 0:

@@ -15,7 +15,7 @@ from pathlib import Path
 from planner.errors import UserError
 from planner.models.archs import Arch
 from planner.models.configs import Job, Recompute, megatron_env, megatron_gptoss, pending
-from planner.models.configs.megatron_args import Flags, check_positions, positive
+from planner.models.configs.megatron_args import Flags, check_positions, positive, unread_positions
 from planner.models.configs.megatron_ddp import read_data_parallel
 from planner.models.configs.megatron_deepspeed import megatron_lm_flags, read_deepspeed
 from planner.models.configs.megatron_files import (
@@ -178,7 +178,7 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int, int]:
     qk_norm = flags.take("--qk-layernorm", "q/k norms", bool, False)
     style = "llama" if swiglu else "gpt"
     kind = (flags.given.get("--position-embedding-type", ["learned_absolute"]) or [""])[-1]
-    positions = _learned_positions(flags, seq_len) if style == "gpt" else None
+    positions = _learned_positions(flags, seq_len) if style == "gpt" else unread_positions(flags, kind, hidden)
     # dropout probabilities: Megatron-LM's defaults 0.1 both (arguments.py); --hidden-dropout is the
     # residual dropouts' and the embedding's (LanguageModelEmbedding's embedding_dropout)
     hidden_dropout = flags.take("--hidden-dropout", "the residual and embedding dropouts' probability (0: no mask "

@@ -76,3 +76,21 @@ def check_positions(flags: Flags, seq_len: int) -> None:
                         f"stops there (\"max_position_embeddings ({values[0]}) must be greater than or equal to "
                         f"seq_length ({seq_len})\", megatron/training/arguments.py 1354 at d98e8a64); give "
                         f"--max-position-embeddings {seq_len} or more, or a --seq-length of {values[0]} or less")
+
+
+def unread_positions(flags: Flags, kind: str, hidden: int) -> None:
+    """A SwiGLU (LLaMA-style) model is read as rotary, so a learned position table under it (Megatron-LM's
+    --position-embedding-type default learned_absolute: megatron/training/arguments.py 2397 at d98e8a64, one
+    Embedding(--max-position-embeddings, --hidden-size) in the first stage's LanguageModelEmbedding) is listed as
+    not modelled, given or not, rather than said to have no effect; returns None, the reader's table rows."""
+    if kind != "learned_absolute":
+        return None
+    given = flags.given.pop("--position-embedding-type", None)
+    rows = (flags.given.get("--max-position-embeddings") or ["--max-position-embeddings"])[-1]
+    size = f"{int(rows) * hidden:,} parameters" if rows.isdigit() else "its parameters"
+    flags.sink.append(("--position-embedding-type", " ".join(given) if given else "not given (learned_absolute)",
+                       "not modelled", f"learned_absolute{'' if given else ', Megatron-LM default'}: a table of "
+                       f"{rows} x {hidden} ({size}) on the first stage, with its gradient and optimizer state, "
+                       "which ckplan does not charge a SwiGLU model (it reads one as rotary, and times its "
+                       "rotation); give --position-embedding-type rope where the job rotates"))
+    return None
