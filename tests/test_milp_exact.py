@@ -6,7 +6,13 @@ import pytest
 
 from planner.cost import costmodel
 from planner.solve import milp
-from scripts.milp_carry_brute import cap_setup, drawn_profile, every_plan, least_fitting, roomy_setup
+from scripts.milp_carry_brute import (
+    cap_setup,
+    drawn_profile,
+    every_plan,
+    least_fitting,
+    roomy_setup,
+)
 
 
 def _milp_against_brute_force(seed: int, fraction: float, carries=(0, 1, 2, 4)) -> tuple[float, float]:
