@@ -12,6 +12,7 @@ from planner.solve.milp_rows import (
     MIB,
     Problem,
     _const,
+    _edge,
     _late_grad_mib,
     _layer,
     _presence,
@@ -60,7 +61,7 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         # backward, with B's transient (score.chunk_bytes)
         passes = [split and k > 0 for k in stages]
         # (less, on the last stage, the loss's saved tensors its input pass frees: score.chunk_bytes)
-        pending = [[_run_sum(problem, "wgrad", k, n)
+        pending = [[_left_for_weight_pass(problem, k, n, opens, closes)
                     - costmodel.loss_freed_at_input_pass_bytes(problem.profile, k, problem.setup) / MIB] if run else []
                    for k, run in zip(stages, passes)]
         weight_pass = [_weight_pass_bound(problem, k, n, closes) if run else memory.transient if split else 0
@@ -89,6 +90,20 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
 def _run_sum(problem: Problem, quantity: str, k: int, n):
     """`quantity` of all of stage k's layers, each under its option, in MiB."""
     return pulp.lpSum(_run_bytes(problem, quantity, k, g, n) / MIB for g in range(len(problem.runs)))
+
+
+def _left_for_weight_pass(problem: Problem, k: int, n, opens, closes):
+    """What stage k's input pass leaves for its weight pass, per microbatch (StageSums.weight_grad_bytes, the
+    "wgrad" quantity), in MiB: every layer's under its option, and the stage's first layer's edge (its input
+    gradient is sent back, not handed on: ChunkBytes.sent_input_grad counts it). Without the edge the rows
+    charged that gradient twice for every microbatch between I and W (10.1 MiB on a 6-layer ZBV case, a plan
+    3.0% slower than brute force's: docs/published-runs.md §67.milpexact)."""
+    total = [_const(problem, ("wgrad",), k) / MIB]
+    for g, run in enumerate(problem.runs):
+        total += [_run_bytes(problem, "wgrad", k, g, n) / MIB,
+                  _edge(problem, ("wgrad",), "open", run.layer, k) / MIB * opens(k, g),
+                  _edge(problem, ("wgrad",), "close", run.layer, k) / MIB * closes(k, g)]
+    return pulp.lpSum(total)
 
 
 def _input_pass_bound(problem: Problem, k: int, n):
