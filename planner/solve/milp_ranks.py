@@ -64,7 +64,7 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         pending = [[_left_for_weight_pass(problem, k, n, opens, closes)
                     - costmodel.loss_freed_at_input_pass_bytes(problem.profile, k, problem.setup) / MIB] if run else []
                    for k, run in zip(stages, passes)]
-        weight_pass = [_weight_pass_bound(problem, k, n, closes) if run else memory.transient if split else 0
+        weight_pass = [_weight_pass_bound(problem, k, n) if run else memory.transient if split else 0
                        for k, run, memory in zip(stages, passes, memories)]
         # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
         # input peak on top of what every layer of the stage leaves for the weight pass
@@ -121,59 +121,69 @@ def _input_pass_bound(problem: Problem, k: int, n):
     return bound + _run_sum(problem, "wgrad", k, n)
 
 
-def _weight_pass_bound(problem: Problem, k: int, n, closes):
-    """W_k ≥ max(V_k, F_k + C_k): V_k ≥ the weight-pass peak of every (run, option) present in stage k, the
-    run's layers under no option included: the largest layer's, as evaluate() takes it (assembly.stage_sums);
-    F_k ≥ the first parameter group's peak of any present (wgroups.weight_pass_first_peak_bytes, at most its
-    layer's peak), the moment a layer's first group runs beside what the layer before leaves; C_k ≥ the largest
-    carry (the weight gradients torch's stage_backward_weight keeps from one layer while the next layer's run:
-    wgroups.py) of any present but the stage's last layer's, where that is its run's one layer in the stage
-    (_last_alone). Above evaluate's where the largest carry is not before the largest first group (V_k + C_k
-    charged a whole peak on the carry: 8.5% slower plans on a 6-layer ZBV case, docs/published-runs.md
-    §67.review66)."""
-    bound = pulp.LpVariable(f"V_{k}", lowBound=0)
-    first = pulp.LpVariable(f"F_{k}", lowBound=0)
-    carry = pulp.LpVariable(f"C_{k}", lowBound=0)
-    carried = False
-    for g, run in enumerate(problem.runs):
+def _slots(problem: Problem, k: int, n) -> list[tuple[int, int, object]]:
+    """Stage k's layers in their order, as (run, option, count) slots: each run's layers under its options in
+    problem.order, r[k,g,o] of each, then the rest under none (0), as extract_plan places them. A run the stage
+    cannot hold (its count fixed at 0 by the windows) has none."""
+    slots = []
+    for g in range(len(problem.runs)):
+        if isinstance(n(k, g), int) and n(k, g) == 0:
+            continue
         order = problem.order[g]
-        counts = [(0, n(k, g) - pulp.lpSum(problem.r[k, g, o] for o in order))]
-        counts += [(o, problem.r[k, g, o]) for o in order]
-        alone = None
-        for o, count in counts:
-            peak, held = _layer(problem, ("wpeak",), run.layer, o), _layer(problem, ("wcarry",), run.layer, o)
-            if peak <= 0 and held <= 0:
-                continue
-            present = _presence(problem, f"v_{k}_{g}_{o}", count, run.size)
-            if peak > 0:
-                problem.lp += bound >= peak / MIB * present, f"weight_pass_{k}_{g}_{o}"
-                problem.lp += first >= _layer(problem, ("wfirst",), run.layer, o) / MIB * present, \
-                    f"weight_first_{k}_{g}_{o}"
-            if held > 0:
-                if alone is None:
-                    alone = _last_alone(problem, k, g, n, closes)
-                problem.lp += carry >= held / MIB * (present - alone), f"weight_carry_{k}_{g}_{o}"
-                carried = True
-    if not carried:
-        return bound
+        slots += [(g, o, problem.r[k, g, o]) for o in order]
+        slots.append((g, 0, n(k, g) - pulp.lpSum(problem.r[k, g, o] for o in order)))
+    return slots
+
+
+def _slot_presence(problem: Problem, k: int, b: int, count, size: int):
+    """p = [slot b of stage k holds a layer], exactly (_presence, held down by the count too: a slot taken
+    present with no layer would pass on its own carry), one binary per slot shared by the input and weight
+    pass's rows; the count itself where the run has one layer."""
+    if (k, b) not in problem.slots_present:
+        present = _presence(problem, f"v_{k}_{b}", count, size)
+        if size > 1:
+            problem.lp += present <= count, f"v_{k}_{b}_none"
+        problem.slots_present[k, b] = present
+    return problem.slots_present[k, b]
+
+
+def _weight_pass_bound(problem: Problem, k: int, n):
+    """W_k = wgroups.weight_pass_peak_bytes, exact: every present layer's weight-pass peak, and its first parameter
+    group's on top of what the last earlier layer of the stage with a weight pass carries into it (the weight
+    gradients torch's stage_backward_weight keeps bound while the next layer's first group runs: wgroups.py). Per
+    slot b of stage k's layers in order (_slots) with a weight pass, p_b = [present] exactly:
+        W_k ≥ wpeak_b·p_b,   W_k ≥ (wfirst_b + wcarry_b)·d_b  (d_b ≥ [count_b ≥ 2]: two of the slot's layers
+        in a row),   W_k ≥ wfirst_b·p_b + C_b - M_b·(1 - p_b),
+    C_b the carry into slot b from the last present slot before it, a chain: C_{b+1} ≥ wcarry_b·p_b (slot b
+    present carries its own), C_{b+1} ≥ C_b - M_b·p_b (absent: what came into it), C at the stage's first slot
+    0; a slot with no weight pass passes it on (evaluate skips it), and M_b the largest carry before b. The chain's
+    least values are the carries evaluate reads, so the rows are evaluate's maximum. Bounding it by the largest
+    first group plus the largest carry charged a carry that does not precede the largest first group: a 6-layer
+    ZBV plan 4.0% slower than brute force's (docs/published-runs.md §67.milpexact)."""
     whole = pulp.LpVariable(f"W_{k}", lowBound=0)
-    problem.lp += whole >= bound, f"weight_whole_{k}"
-    problem.lp += whole >= first + carry, f"weight_first_carry_{k}"
+    carry, most = 0, 0.0  # C_b (MiB) and the largest carry before b
+    for b, (g, o, count) in enumerate(_slots(problem, k, n)):
+        run = problem.runs[g]
+        peak = _layer(problem, ("wpeak",), run.layer, o) / MIB
+        if peak <= 0:
+            continue
+        first = _layer(problem, ("wfirst",), run.layer, o) / MIB
+        held = _layer(problem, ("wcarry",), run.layer, o) / MIB
+        present = _slot_presence(problem, k, b, count, run.size)
+        problem.lp += whole >= peak * present, f"weight_pass_{k}_{b}"
+        if most > 0 and first + most > peak:
+            problem.lp += whole >= first * present + carry - most * (1 - present), f"weight_first_{k}_{b}"
+        if run.size > 1 and first + held > peak:
+            twice = pulp.LpVariable(f"d_{k}_{b}", cat="Binary")
+            problem.lp += count <= 1 + (run.size - 1) * twice, f"weight_twice_{k}_{b}"
+            problem.lp += whole >= (first + held) * twice, f"weight_pair_{k}_{b}"
+        if held > 0 or most > 0:
+            into = pulp.LpVariable(f"C_{k}_{b}", lowBound=0)
+            problem.lp += into >= held * present, f"weight_carry_{k}_{b}"
+            if most > 0:
+                problem.lp += into >= carry - most * present, f"weight_carried_{k}_{b}"
+            carry, most = into, max(most, held)
     return whole
-
-
-def _last_alone(problem: Problem, k: int, g: int, n, closes):
-    """z ≤ [run g holds stage k's last layer and no other of the stage]: its carry has no later layer of the
-    stage to run beside (a stage of one layer among them); 0 where it cannot be."""
-    last = closes(k, g)
-    if isinstance(last, int) and last == 0:
-        return 0
-    size = problem.runs[g].size
-    z = pulp.LpVariable(f"z_{k}_{g}", cat="Binary")
-    problem.lp += z <= last, f"weight_last_{k}_{g}"
-    if size > 1:
-        problem.lp += n(k, g) <= 1 + size * (1 - z), f"weight_alone_{k}_{g}"
-    return z
 
 
 def _weighted(vector: tuple[int, ...], per_count: list[list]):
