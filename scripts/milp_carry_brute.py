@@ -6,7 +6,7 @@ scored by evaluate, at caps 20/40/60% of the way between the plans' peaks: the l
 schedule's linear time, costmodel.chunked_linear_ms, which its MILP minimises; a one-chunk schedule's iteration),
 beside the MILP's (mip_gap 0).
 
-usage: PYTHONPATH=. python scripts/milp_carry_brute.py [--seeds 0 10] [--carry 0,1,2,4]
+usage: PYTHONPATH=. python scripts/milp_carry_brute.py [--seeds 0 10] [--carry 0,1,2,4] [--inputs]
            [--schedule ZBV|ZB|1F1B|GPipe] [--ranks 2] [--chunks 2]"""
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ LAYERS = 6
 FRACTIONS = (0.2, 0.4, 0.6)
 
 
-def drawn_profile(seed: int, carries: list[int]):
-    """heterogeneous(6, seed), each option's split figures drawn from `seed`."""
+def drawn_profile(seed: int, carries: list[int], inputs: bool = False):
+    """heterogeneous(6, seed), each option's split figures drawn from `seed`; `inputs`: its input pass's too (what it
+    leaves for the weight pass 0, 25 or 50 MiB, its peak 50, 100 or 200 MiB), else 0.25 MiB and 1 MiB."""
     rng = random.Random(seed)
     layers = []
     for item in heterogeneous(LAYERS, seed=seed).layers:
@@ -35,8 +36,10 @@ def drawn_profile(seed: int, carries: list[int]):
             peak = rng.choice([100, 200, 400]) * MIB
             first = rng.choice([peak // 4, peak // 2, peak])
             carry = rng.choice(carries) * peak // 4
+            held, input_peak = ((rng.choice([0, 25, 50]) * MIB, rng.choice([50, 100, 200]) * MIB) if inputs
+                                else (MIB // 4, MIB))
             options.append(RecomputeOption(name=name, kept_bytes=kept, recompute_ms=recompute,
-                                           split_held_bytes=MIB // 4, split_input_peak_bytes=MIB,
+                                           split_held_bytes=held, split_input_peak_bytes=input_peak,
                                            split_peak_bytes=peak, split_first_peak_bytes=first,
                                            split_carry_bytes=carry))
         layers.append(item.model_copy(update={"recompute_options": options}))
@@ -83,12 +86,13 @@ def main() -> None:
     parser.add_argument("--schedule", default="ZBV")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--chunks", type=int, default=2)
+    parser.add_argument("--inputs", action="store_true", help="draw the input pass's figures too")
     args = parser.parse_args()
     carries = [int(c) for c in args.carry.split(",")]
     roomy = roomy_setup(args.schedule, args.ranks, args.chunks)
     above = []
     for seed in range(*args.seeds):
-        profile = drawn_profile(seed, carries)
+        profile = drawn_profile(seed, carries, args.inputs)
         plans = every_plan(profile, roomy)
         for fraction in FRACTIONS:
             setup = cap_setup(plans, roomy, fraction)
