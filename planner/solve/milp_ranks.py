@@ -66,8 +66,8 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
                    for k, run in zip(stages, passes)]
         weight_pass = [_weight_pass_bound(problem, k, n) if run else memory.transient if split else 0
                        for k, run, memory in zip(stages, passes, memories)]
-        # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
-        # input peak on top of what every layer of the stage leaves for the weight pass
+        # the input pass's peak (costmodel.input_pass_peak_bytes): each layer's input peak on top of what
+        # the stage's later layers leave for the weight pass
         input_pass = [_input_pass_bound(problem, k, n) if run else 0 for k, run in zip(stages, passes)]
         per_count = ([memory.kept for memory in memories] + [[out] for out in sent_output]
                      + [[g] for g in sent_grad] + pending + late)
@@ -87,11 +87,6 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         _step_end_row(problem, f"r{rank}", stages, held, n, opens, closes, cap)
 
 
-def _run_sum(problem: Problem, quantity: str, k: int, n):
-    """`quantity` of all of stage k's layers, each under its option, in MiB."""
-    return pulp.lpSum(_run_bytes(problem, quantity, k, g, n) / MIB for g in range(len(problem.runs)))
-
-
 def _left_for_weight_pass(problem: Problem, k: int, n, opens, closes):
     """What stage k's input pass leaves for its weight pass, per microbatch (StageSums.weight_grad_bytes, the
     "wgrad" quantity), in MiB: every layer's under its option, and the stage's first layer's edge (its input
@@ -104,21 +99,6 @@ def _left_for_weight_pass(problem: Problem, k: int, n, opens, closes):
                   _edge(problem, ("wgrad",), "open", run.layer, k) / MIB * opens(k, g),
                   _edge(problem, ("wgrad",), "close", run.layer, k) / MIB * closes(k, g)]
     return pulp.lpSum(total)
-
-
-def _input_pass_bound(problem: Problem, k: int, n):
-    """U_k ≥ the input peak of every run present in stage k (under any of its options), plus what
-    all of the stage's layers leave for the weight pass: at least costmodel.input_pass_peak_bytes.
-    On the pipeline's last stage the gradient of its output (the logits) stays through the pass
-    (assembly.stage_sums), on top of every layer's input peak; the loss's backward is its own."""
-    last = problem.runs[-1].layer.output_bytes if k == problem.setup.pipeline.stages - 1 else 0
-    bound = pulp.LpVariable(f"U_{k}", lowBound=max(_const(problem, ("extra",), k), last) / MIB)
-    for g, run in enumerate(problem.runs):
-        peaks = [_layer(problem, ("ipeak",), run.layer, o) for o in (0, *problem.order[g])]
-        if max(peaks) > 0:
-            present = _presence(problem, f"u_{k}_{g}", n(k, g), run.size)
-            problem.lp += bound >= (max(peaks) + last) / MIB * present, f"input_pass_{k}_{g}"
-    return bound + _run_sum(problem, "wgrad", k, n)
 
 
 def _slots(problem: Problem, k: int, n) -> list[tuple[int, int, object]]:
@@ -145,6 +125,33 @@ def _slot_presence(problem: Problem, k: int, b: int, count, size: int):
             problem.lp += present <= count, f"v_{k}_{b}_none"
         problem.slots_present[k, b] = present
     return problem.slots_present[k, b]
+
+
+def _input_pass_bound(problem: Problem, k: int, n):
+    """U_k = costmodel.input_pass_peak_bytes, exact: the pass runs the stage's layers last to first, each layer's
+    input peak on top of what the layers after it in the stage leave for the weight pass. Per slot b of stage
+    k's layers in order (_slots): with p_b = [slot b's layers present] and L_b what the slots after it leave
+    (L_b = L_{b+1} + count_{b+1}·wgrad_{b+1}, a linear sum),
+        U_k ≥ (ipeak_b + last)·p_b + wgrad_b·(count_b - p_b) + L_b - M_b·(1 - p_b)
+    the slot's first layer (the most after it), M_b ≥ L_b (vacuous where the slot is absent). On the pipeline's
+    last stage the gradient of its output (the logits), `last`, stays through the pass (assembly.stage_sums), on
+    top; the loss's backward is its own (U_k's floor). Bounding it by the largest input peak on top of all the
+    stage's wgrad charged every layer's wgrad over its own peak: 0.25 MiB over on a 6-layer ZBV case, its cap
+    missed, a plan 3.0% slower than brute force's (docs/published-runs.md §67.milpexact)."""
+    last = problem.runs[-1].layer.output_bytes if k == problem.setup.pipeline.stages - 1 else 0
+    bound = pulp.LpVariable(f"U_{k}", lowBound=max(_const(problem, ("extra",), k), last) / MIB)
+    after, most = 0, 0.0  # L_b (MiB) and M_b, from the stage's last slot back
+    for b, (g, o, count) in reversed(list(enumerate(_slots(problem, k, n)))):
+        run = problem.runs[g]
+        peak, held = _layer(problem, ("ipeak",), run.layer, o) / MIB, _layer(problem, ("wgrad",), run.layer, o) / MIB
+        present = _slot_presence(problem, k, b, count, run.size)
+        problem.lp += (bound >= (peak + last / MIB) * present + held * (count - present) + after - most * (1 - present),
+                       f"input_pass_{k}_{b}")
+        if held > 0:
+            total = pulp.LpVariable(f"L_{k}_{b}", lowBound=0)
+            problem.lp += total == after + held * count, f"input_left_{k}_{b}"
+            after, most = total, most + held * run.size
+    return bound
 
 
 def _weight_pass_bound(problem: Problem, k: int, n):
