@@ -136,8 +136,8 @@ def _input_pass_bound(problem: Problem, k: int, n):
     the slot's first layer (the most after it), M_b ≥ L_b (vacuous where the slot is absent). On the pipeline's
     last stage the gradient of its output (the logits), `last`, stays through the pass (assembly.stage_sums), on
     top; the loss's backward is its own (U_k's floor). Bounding it by the largest input peak on top of all the
-    stage's wgrad charged every layer's wgrad over its own peak: 0.25 MiB over on a 6-layer ZBV case, its cap
-    missed, a plan 3.0% slower than brute force's (docs/published-runs.md §67.milpexact)."""
+    stage's wgrad charged the wgrad of the layers up to the largest peak's on it: plans up to 5.0% slower than
+    brute force's on 6-layer ZBV cases (tests/test_milp_exact.py; docs/published-runs.md §67.milpexact)."""
     last = problem.runs[-1].layer.output_bytes if k == problem.setup.pipeline.stages - 1 else 0
     bound = pulp.LpVariable(f"U_{k}", lowBound=max(_const(problem, ("extra",), k), last) / MIB)
     after, most = 0, 0.0  # L_b (MiB) and M_b, from the stage's last slot back
