@@ -144,6 +144,8 @@ def _input_pass_bound(problem: Problem, k: int, n):
     for b, (g, o, count) in reversed(list(enumerate(_slots(problem, k, n)))):
         run = problem.runs[g]
         peak, held = _layer(problem, ("ipeak",), run.layer, o) / MIB, _layer(problem, ("wgrad",), run.layer, o) / MIB
+        if peak + last <= 0 and held <= 0 and most <= 0:
+            continue  # U_k ≥ 0
         present = _slot_presence(problem, k, b, count, run.size)
         problem.lp += (bound >= (peak + last / MIB) * present + held * (count - present) + after - most * (1 - present),
                        f"input_pass_{k}_{b}")
