@@ -50,16 +50,35 @@ def test_the_chunked_milp_prices_the_input_pass_as_evaluate(seed, fraction, base
     assert objective == pytest.approx(least, rel=1e-9), base
 
 
+def _with_a_run(profile):
+    """Layers 1-4 the same layer (one run of 4 in the MILP: find_runs), the others as drawn."""
+    copies = [profile.layers[1].model_copy(update={"name": f"same{i}"}) for i in range(4)]
+    return profile.model_copy(update={"layers": [profile.layers[0], *copies, profile.layers[5]]})
+
+
 @pytest.mark.parametrize("seed, carries, inputs", [(7, (0,), False), (2, (0, 1, 2, 4), False), (3, (0, 1, 2, 4), True)])
 @pytest.mark.parametrize("cuts, mask", [((1, 2, 4), 0b000000), ((2, 3, 5), 0b001001), ((1, 3, 4), 0b110101)])
 def test_the_chunked_milps_rows_are_evaluates_peak_for_a_fixed_plan(seed, carries, inputs, cuts, mask):
+    _check_rows_against_evaluate(drawn_profile(seed, list(carries), inputs), cuts, mask)
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+@pytest.mark.parametrize("cuts, mask", [((1, 2, 5), 0b001100), ((1, 3, 5), 0b011010), ((2, 4, 5), 0b000000)])
+def test_the_chunked_milps_rows_are_evaluates_peak_over_a_run_of_layers(seed, cuts, mask):
+    """The same with four layers one run (their checkpointed layers first in each stage, as the MILP places a run's
+    options): two layers of one option in a row carry into each other (the weight pass's d rows), a run's option
+    absent from a stage passes the carry on."""
+    _check_rows_against_evaluate(_with_a_run(drawn_profile(seed, [0, 1, 2, 4], inputs=True)), cuts, mask)
+
+
+def _check_rows_against_evaluate(profile, cuts, mask):
     """A plan fixed in the MILP (milp.start_values, the pass bounds and carries left to their least): each rank's
     largest memory row is its peak under evaluate, to 2 bytes, never above nor below. Before: 7.8-57.8 MiB above on each
     (what the input pass leaves charged the stage's first layer's sent gradient, the input pass's largest peak on
     all the stage leaves, the largest first group on the largest carry)."""
     from planner.solve import highs
 
-    profile, roomy = drawn_profile(seed, list(carries), inputs), roomy_setup()
+    roomy = roomy_setup()
     stages = costmodel.split_to_stages([0, *cuts], [mask >> i & 1 for i in range(6)], profile)
     cost = costmodel.evaluate(costmodel.ranks_of(stages, roomy), profile, roomy)
     problem = milp.build_problem(profile, roomy, objective="memory")
