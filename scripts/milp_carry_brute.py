@@ -6,7 +6,7 @@ scored by evaluate, at caps 20/40/60% of the way between the plans' peaks: the l
 schedule's linear time, costmodel.chunked_linear_ms, which its MILP minimises; a one-chunk schedule's iteration),
 beside the MILP's (mip_gap 0).
 
-usage: PYTHONPATH=. python scripts/milp_carry_brute.py [--seeds 0 10] [--carry 0,1,2,4] [--inputs]
+usage: PYTHONPATH=. python scripts/milp_carry_brute.py [--seeds 0 10] [--carry 0,1,2,4] [--inputs] [--run]
            [--schedule ZBV|ZB|1F1B|GPipe] [--ranks 2] [--chunks 2]"""
 
 from __future__ import annotations
@@ -44,6 +44,12 @@ def drawn_profile(seed: int, carries: list[int], inputs: bool = False):
                                            split_carry_bytes=carry))
         layers.append(item.model_copy(update={"recompute_options": options}))
     return heterogeneous(LAYERS, seed=seed).model_copy(update={"layers": layers})
+
+
+def with_a_run(profile):
+    """Layers 1-4 the same layer (one run of 4 in the MILP: milp.find_runs), the others as drawn."""
+    copies = [profile.layers[1].model_copy(update={"name": f"same{i}"}) for i in range(4)]
+    return profile.model_copy(update={"layers": [profile.layers[0], *copies, profile.layers[5]]})
 
 
 def roomy_setup(schedule: str = "ZBV", ranks: int = 2, chunks: int = 2) -> TrainSetup:
@@ -87,12 +93,14 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--inputs", action="store_true", help="draw the input pass's figures too")
+    parser.add_argument("--run", action="store_true", help="layers 1-4 one run (with_a_run)")
     args = parser.parse_args()
     carries = [int(c) for c in args.carry.split(",")]
     roomy = roomy_setup(args.schedule, args.ranks, args.chunks)
     above = []
     for seed in range(*args.seeds):
         profile = drawn_profile(seed, carries, args.inputs)
+        profile = with_a_run(profile) if args.run else profile
         plans = every_plan(profile, roomy)
         for fraction in FRACTIONS:
             setup = cap_setup(plans, roomy, fraction)

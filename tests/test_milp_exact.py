@@ -13,6 +13,7 @@ from scripts.milp_carry_brute import (
     every_plan,
     least_fitting,
     roomy_setup,
+    with_a_run,
 )
 
 
@@ -50,12 +51,6 @@ def test_the_chunked_milp_prices_the_input_pass_as_evaluate(seed, fraction, base
     assert objective == pytest.approx(least, rel=1e-9), base
 
 
-def _with_a_run(profile):
-    """Layers 1-4 the same layer (one run of 4 in the MILP: find_runs), the others as drawn."""
-    copies = [profile.layers[1].model_copy(update={"name": f"same{i}"}) for i in range(4)]
-    return profile.model_copy(update={"layers": [profile.layers[0], *copies, profile.layers[5]]})
-
-
 @pytest.mark.parametrize("seed, carries, inputs", [(7, (0,), False), (2, (0, 1, 2, 4), False), (3, (0, 1, 2, 4), True)])
 @pytest.mark.parametrize("cuts, mask", [((1, 2, 4), 0b000000), ((2, 3, 5), 0b001001), ((1, 3, 4), 0b110101)])
 def test_the_chunked_milps_rows_are_evaluates_peak_for_a_fixed_plan(seed, carries, inputs, cuts, mask):
@@ -68,7 +63,7 @@ def test_the_chunked_milps_rows_are_evaluates_peak_over_a_run_of_layers(seed, cu
     """The same with four layers one run (their checkpointed layers first in each stage, as the MILP places a run's
     options): two layers of one option in a row carry into each other (the weight pass's d rows), a run's option
     absent from a stage passes the carry on."""
-    _check_rows_against_evaluate(_with_a_run(drawn_profile(seed, [0, 1, 2, 4], inputs=True)), cuts, mask)
+    _check_rows_against_evaluate(with_a_run(drawn_profile(seed, [0, 1, 2, 4], inputs=True)), cuts, mask)
 
 
 def _check_rows_against_evaluate(profile, cuts, mask):
