@@ -66,6 +66,18 @@ def test_the_chunked_milps_rows_are_evaluates_peak_over_a_run_of_layers(seed, cu
     _check_rows_against_evaluate(with_a_run(drawn_profile(seed, [0, 1, 2, 4], inputs=True)), cuts, mask)
 
 
+def test_the_chunked_milps_rows_charge_a_first_group_above_its_layers_peak():
+    """A hand-edited profile whose first parameter group peaks above its layer's whole weight pass (every option's
+    split_first_peak_bytes twice its split_peak_bytes), no layer carrying: evaluate charges the first group on
+    nothing (wgroups.weight_pass_peak_bytes), the rows read the peak alone (below evaluate: a plan that does not
+    fit)."""
+    profile = drawn_profile(2, [0])
+    layers = [item.model_copy(update={"recompute_options": [
+        option.model_copy(update={"split_first_peak_bytes": 2 * option.split_peak_bytes})
+        for option in item.recompute_options]}) for item in profile.layers]
+    _check_rows_against_evaluate(profile.model_copy(update={"layers": layers}), (1, 2, 4), 0b010010)
+
+
 def _check_rows_against_evaluate(profile, cuts, mask):
     """A plan fixed in the MILP (milp.start_values, the pass bounds and carries left to their least): each rank's
     largest memory row is its peak under evaluate, to 2 bytes, never above nor below. Before: 7.8-57.8 MiB above on each
