@@ -161,7 +161,7 @@ def _weight_pass_bound(problem: Problem, k: int, n):
     group's on top of what the last earlier layer of the stage with a weight pass carries into it (the weight
     gradients torch's stage_backward_weight keeps bound while the next layer's first group runs: wgroups.py). Per
     slot b of stage k's layers in order (_slots) with a weight pass, p_b = [present] exactly:
-        W_k ≥ wpeak_b·p_b,   W_k ≥ (wfirst_b + wcarry_b)·d_b  (d_b ≥ [count_b ≥ 2]: two of the slot's layers
+        W_k ≥ max(wpeak_b, wfirst_b)·p_b,   W_k ≥ (wfirst_b + wcarry_b)·d_b  (d_b ≥ [count_b ≥ 2]: two of the slot's layers
         in a row),   W_k ≥ wfirst_b·p_b + C_b - M_b·(1 - p_b),
     C_b the carry into slot b from the last present slot before it, a chain: C_{b+1} ≥ wcarry_b·p_b (slot b
     present carries its own), C_{b+1} ≥ C_b - M_b·p_b (absent: what came into it), C at the stage's first slot
@@ -179,6 +179,8 @@ def _weight_pass_bound(problem: Problem, k: int, n):
         first = _layer(problem, ("wfirst",), run.layer, o) / MIB
         held = _layer(problem, ("wcarry",), run.layer, o) / MIB
         present = _slot_presence(problem, k, b, count, run.size)
+        # (a first group above its layer's peak, which only a hand-edited profile has, charged on nothing too)
+        peak = max(peak, first)
         problem.lp += whole >= peak * present, f"weight_pass_{k}_{b}"
         if most > 0 and first + most > peak:
             problem.lp += whole >= first * present + carry - most * (1 - present), f"weight_first_{k}_{b}"
