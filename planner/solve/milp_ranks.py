@@ -13,6 +13,7 @@ from planner.solve.milp_rows import (
     MIB,
     Problem,
     _const,
+    _edge,
     _late_grad_mib,
     _layer,
     _presence,
@@ -61,13 +62,13 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         # backward, with B's transient (score.chunk_bytes)
         passes = [split and k > 0 for k in stages]
         # (less, on the last stage, the loss's saved tensors its input pass frees: score.chunk_bytes)
-        pending = [[_run_sum(problem, "wgrad", k, n)
+        pending = [[_left_for_weight_pass(problem, k, n, opens, closes)
                     - costmodel.loss_freed_at_input_pass_bytes(problem.profile, k, problem.setup) / MIB] if run else []
                    for k, run in zip(stages, passes)]
-        weight_pass = [_weight_pass_bound(problem, k, n, closes) if run else memory.transient if split else 0
+        weight_pass = [_weight_pass_bound(problem, k, n) if run else memory.transient if split else 0
                        for k, run, memory in zip(stages, passes, memories)]
-        # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
-        # input peak on top of what every layer of the stage leaves for the weight pass
+        # the input pass's peak (costmodel.input_pass_peak_bytes): each layer's input peak on top of what
+        # the stage's later layers leave for the weight pass
         input_pass = [_input_pass_bound(problem, k, n) if run else 0 for k, run in zip(stages, passes)]
         per_count = ([memory.kept for memory in memories] + [[out] for out in sent_output]
                      + [[g] for g in sent_grad] + pending + late)
@@ -87,82 +88,116 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         _step_end_row(problem, f"r{rank}", stages, held, n, opens, closes, cap)
 
 
-def _run_sum(problem: Problem, quantity: str, k: int, n):
-    """`quantity` of all of stage k's layers, each under its option, in MiB."""
-    return pulp.lpSum(_run_bytes(problem, quantity, k, g, n) / MIB for g in range(len(problem.runs)))
+def _left_for_weight_pass(problem: Problem, k: int, n, opens, closes):
+    """What stage k's input pass leaves for its weight pass, per microbatch (StageSums.weight_grad_bytes, the
+    "wgrad" quantity), in MiB: every layer's under its option, and the stage's first layer's edge (its input
+    gradient is sent back, not handed on: ChunkBytes.sent_input_grad counts it). Without the edge the rows
+    charged that gradient twice for every microbatch between I and W (10.1 MiB on a 6-layer ZBV case, a plan
+    3.0% slower than brute force's: docs/published-runs.md §67.milpexact)."""
+    total = [_const(problem, ("wgrad",), k) / MIB]
+    for g, run in enumerate(problem.runs):
+        total += [_run_bytes(problem, "wgrad", k, g, n) / MIB,
+                  _edge(problem, ("wgrad",), "open", run.layer, k) / MIB * opens(k, g),
+                  _edge(problem, ("wgrad",), "close", run.layer, k) / MIB * closes(k, g)]
+    return pulp.lpSum(total)
+
+
+def _slots(problem: Problem, k: int, n) -> list[tuple[int, int, object]]:
+    """Stage k's layers in their order, as (run, option, count) slots: each run's layers under its options in
+    problem.order, r[k,g,o] of each, then the rest under none (0), as extract_plan places them. A run the stage
+    cannot hold (its count fixed at 0 by the windows) has none."""
+    slots = []
+    for g in range(len(problem.runs)):
+        if isinstance(n(k, g), int) and n(k, g) == 0:
+            continue
+        order = problem.order[g]
+        slots += [(g, o, problem.r[k, g, o]) for o in order]
+        slots.append((g, 0, n(k, g) - pulp.lpSum(problem.r[k, g, o] for o in order)))
+    return slots
+
+
+def _slot_presence(problem: Problem, k: int, b: int, count, size: int):
+    """p = [slot b of stage k holds a layer], exactly (_presence, held down by the count too: a slot taken
+    present with no layer would pass on its own carry), one binary per slot shared by the input and weight
+    pass's rows; the count itself where the run has one layer."""
+    if (k, b) not in problem.slots_present:
+        present = _presence(problem, f"v_{k}_{b}", count, size)
+        if size > 1:
+            problem.lp += present <= count, f"v_{k}_{b}_none"
+        problem.slots_present[k, b] = present
+    return problem.slots_present[k, b]
 
 
 def _input_pass_bound(problem: Problem, k: int, n):
-    """U_k ≥ the input peak of every run present in stage k (under any of its options), plus what
-    all of the stage's layers leave for the weight pass: at least costmodel.input_pass_peak_bytes.
-    On the pipeline's last stage the gradient of its output (the logits) stays through the pass
-    (assembly.stage_sums), on top of every layer's input peak; the loss's backward is its own."""
+    """U_k = costmodel.input_pass_peak_bytes, exact: the pass runs the stage's layers last to first, each layer's
+    input peak on top of what the layers after it in the stage leave for the weight pass. Per slot b of stage
+    k's layers in order (_slots): with p_b = [slot b's layers present] and L_b what the slots after it leave
+    (L_b = L_{b+1} + count_{b+1}·wgrad_{b+1}, a linear sum),
+        U_k ≥ (ipeak_b + last)·p_b + wgrad_b·(count_b - p_b) + L_b - M_b·(1 - p_b)
+    the slot's first layer (the most after it), M_b ≥ L_b (vacuous where the slot is absent). On the pipeline's
+    last stage the gradient of its output (the logits), `last`, stays through the pass (assembly.stage_sums), on
+    top; the loss's backward is its own (U_k's floor). Bounding it by the largest input peak on top of all the
+    stage's wgrad charged the wgrad of the layers up to the largest peak's on it: plans up to 5.0% slower than
+    brute force's on 6-layer ZBV cases (tests/test_milp_exact.py; docs/published-runs.md §67.milpexact)."""
     last = problem.runs[-1].layer.output_bytes if k == problem.setup.pipeline.stages - 1 else 0
     # the loss's backward with its saved tensors retained through the pass (loss_records.input_pass_retained_bytes)
     retained = input_pass_retained_bytes(problem.profile, problem.setup) if k == problem.setup.pipeline.stages - 1 else 0
-    loss = _const(problem, ("extra",), k) + retained
-    bound = pulp.LpVariable(f"U_{k}", lowBound=max(loss, last) / MIB)
-    for g, run in enumerate(problem.runs):
-        peaks = [_layer(problem, ("ipeak",), run.layer, o) for o in (0, *problem.order[g])]
-        if max(peaks) > 0:
-            present = _presence(problem, f"u_{k}_{g}", n(k, g), run.size)
-            problem.lp += bound >= (max(peaks) + last) / MIB * present, f"input_pass_{k}_{g}"
-    return bound + _run_sum(problem, "wgrad", k, n)
+    bound = pulp.LpVariable(f"U_{k}", lowBound=max(_const(problem, ("extra",), k) + retained, last) / MIB)
+    after, most = 0, 0.0  # L_b (MiB) and M_b, from the stage's last slot back
+    for b, (g, o, count) in reversed(list(enumerate(_slots(problem, k, n)))):
+        run = problem.runs[g]
+        peak, held = _layer(problem, ("ipeak",), run.layer, o) / MIB, _layer(problem, ("wgrad",), run.layer, o) / MIB
+        if peak + last <= 0 and held <= 0 and most <= 0:
+            continue  # U_k ≥ 0
+        present = _slot_presence(problem, k, b, count, run.size)
+        problem.lp += (bound >= (peak + last / MIB) * present + held * (count - present) + after - most * (1 - present),
+                       f"input_pass_{k}_{b}")
+        if held > 0:
+            total = pulp.LpVariable(f"L_{k}_{b}", lowBound=0)
+            problem.lp += total == after + held * count, f"input_left_{k}_{b}"
+            after, most = total, most + held * run.size
+    return bound
 
 
-def _weight_pass_bound(problem: Problem, k: int, n, closes):
-    """W_k ≥ max(V_k, F_k + C_k): V_k ≥ the weight-pass peak of every (run, option) present in stage k, the
-    run's layers under no option included: the largest layer's, as evaluate() takes it (assembly.stage_sums);
-    F_k ≥ the first parameter group's peak of any present (wgroups.weight_pass_first_peak_bytes, at most its
-    layer's peak), the moment a layer's first group runs beside what the layer before leaves; C_k ≥ the largest
-    carry (the weight gradients torch's stage_backward_weight keeps from one layer while the next layer's run:
-    wgroups.py) of any present but the stage's last layer's, where that is its run's one layer in the stage
-    (_last_alone). Above evaluate's where the largest carry is not before the largest first group (V_k + C_k
-    charged a whole peak on the carry: 8.5% slower plans on a 6-layer ZBV case, docs/published-runs.md
-    §67.review66)."""
-    bound = pulp.LpVariable(f"V_{k}", lowBound=0)
-    first = pulp.LpVariable(f"F_{k}", lowBound=0)
-    carry = pulp.LpVariable(f"C_{k}", lowBound=0)
-    carried = False
-    for g, run in enumerate(problem.runs):
-        order = problem.order[g]
-        counts = [(0, n(k, g) - pulp.lpSum(problem.r[k, g, o] for o in order))]
-        counts += [(o, problem.r[k, g, o]) for o in order]
-        alone = None
-        for o, count in counts:
-            peak, held = _layer(problem, ("wpeak",), run.layer, o), _layer(problem, ("wcarry",), run.layer, o)
-            if peak <= 0 and held <= 0:
-                continue
-            present = _presence(problem, f"v_{k}_{g}_{o}", count, run.size)
-            if peak > 0:
-                problem.lp += bound >= peak / MIB * present, f"weight_pass_{k}_{g}_{o}"
-                problem.lp += first >= _layer(problem, ("wfirst",), run.layer, o) / MIB * present, \
-                    f"weight_first_{k}_{g}_{o}"
-            if held > 0:
-                if alone is None:
-                    alone = _last_alone(problem, k, g, n, closes)
-                problem.lp += carry >= held / MIB * (present - alone), f"weight_carry_{k}_{g}_{o}"
-                carried = True
-    if not carried:
-        return bound
+def _weight_pass_bound(problem: Problem, k: int, n):
+    """W_k = wgroups.weight_pass_peak_bytes, exact: every present layer's weight-pass peak, and its first parameter
+    group's on top of what the last earlier layer of the stage with a weight pass carries into it (the weight
+    gradients torch's stage_backward_weight keeps bound while the next layer's first group runs: wgroups.py). Per
+    slot b of stage k's layers in order (_slots) with a weight pass, p_b = [present] exactly:
+        W_k ≥ max(wpeak_b, wfirst_b)·p_b,   W_k ≥ (wfirst_b + wcarry_b)·d_b  (d_b ≥ [count_b ≥ 2]: two of the slot's layers
+        in a row),   W_k ≥ wfirst_b·p_b + C_b - M_b·(1 - p_b),
+    C_b the carry into slot b from the last present slot before it, a chain: C_{b+1} ≥ wcarry_b·p_b (slot b
+    present carries its own), C_{b+1} ≥ C_b - M_b·p_b (absent: what came into it), C at the stage's first slot
+    0; a slot with no weight pass passes it on (evaluate skips it), and M_b the largest carry before b. The chain's
+    least values are the carries evaluate reads, so the rows are evaluate's maximum. Bounding it by the largest
+    first group plus the largest carry charged a carry that does not precede the largest first group: a 6-layer
+    ZBV plan 4.0% slower than brute force's (docs/published-runs.md §67.milpexact)."""
     whole = pulp.LpVariable(f"W_{k}", lowBound=0)
-    problem.lp += whole >= bound, f"weight_whole_{k}"
-    problem.lp += whole >= first + carry, f"weight_first_carry_{k}"
+    carry, most = 0, 0.0  # C_b (MiB) and the largest carry before b
+    for b, (g, o, count) in enumerate(_slots(problem, k, n)):
+        run = problem.runs[g]
+        peak = _layer(problem, ("wpeak",), run.layer, o) / MIB
+        if peak <= 0:
+            continue
+        first = _layer(problem, ("wfirst",), run.layer, o) / MIB
+        held = _layer(problem, ("wcarry",), run.layer, o) / MIB
+        present = _slot_presence(problem, k, b, count, run.size)
+        # (a first group above its layer's peak, which only a hand-edited profile has, charged on nothing too)
+        peak = max(peak, first)
+        problem.lp += whole >= peak * present, f"weight_pass_{k}_{b}"
+        if most > 0 and first + most > peak:
+            problem.lp += whole >= first * present + carry - most * (1 - present), f"weight_first_{k}_{b}"
+        if run.size > 1 and first + held > peak:
+            twice = pulp.LpVariable(f"d_{k}_{b}", cat="Binary")
+            problem.lp += count <= 1 + (run.size - 1) * twice, f"weight_twice_{k}_{b}"
+            problem.lp += whole >= (first + held) * twice, f"weight_pair_{k}_{b}"
+        if held > 0 or most > 0:
+            into = pulp.LpVariable(f"C_{k}_{b}", lowBound=0)
+            problem.lp += into >= held * present, f"weight_carry_{k}_{b}"
+            if most > 0:
+                problem.lp += into >= carry - most * present, f"weight_carried_{k}_{b}"
+            carry, most = into, max(most, held)
     return whole
-
-
-def _last_alone(problem: Problem, k: int, g: int, n, closes):
-    """z ≤ [run g holds stage k's last layer and no other of the stage]: its carry has no later layer of the
-    stage to run beside (a stage of one layer among them); 0 where it cannot be."""
-    last = closes(k, g)
-    if isinstance(last, int) and last == 0:
-        return 0
-    size = problem.runs[g].size
-    z = pulp.LpVariable(f"z_{k}_{g}", cat="Binary")
-    problem.lp += z <= last, f"weight_last_{k}_{g}"
-    if size > 1:
-        problem.lp += n(k, g) <= 1 + size * (1 - z), f"weight_alone_{k}_{g}"
-    return z
 
 
 def _weighted(vector: tuple[int, ...], per_count: list[list]):

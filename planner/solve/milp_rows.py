@@ -51,6 +51,8 @@ class Problem:
     schedule: object = None
     deadline: Deadline | None = None  # building a chunked schedule's rows looks at it per rank
     _moments: dict | None = None  # megatron_fsdp_moments.held_layers, read once (moments())
+    # (stage, slot) -> [the slot's layers present] (milp_ranks._slot_presence)
+    slots_present: dict = field(default_factory=dict)
 
     @property
     def ctx(self) -> costmodel.Context:
