@@ -21,16 +21,17 @@ from planner.schema import runs_split_backward
 
 
 def split_per_option(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None,
-                     names: list[str]) -> dict[str, tuple[int, int, int, int, int]]:
+                     names: list[str], *, tracker=memory_tracker) -> dict[str, tuple[int, int, int, int, int]]:
     """split_backward_bytes of the layer under each option a split backward can run; none where
     torch's split backward refuses the layer (its `detach_` of an output that is a view, e.g. a
-    Linear's on a 3-d input: a zero-bubble schedule cannot run it either)."""
+    Linear's on a 3-d input: a zero-bubble schedule cannot run it either). `tracker`: the measured
+    profiler's memory_tracker, or a fake profile's StorageTracker on its fake tensors (fake.py)."""
     found = {}
     for name in names:
         if runs_split_backward(name):
             x.grad = None
             try:
-                found[name] = split_backward_bytes(layer_runner(layer, name), layer, x, grad)
+                found[name] = split_backward_bytes(layer_runner(layer, name), layer, x, grad, tracker=tracker)
             except RuntimeError:
                 break
     x.grad = None
