@@ -2,7 +2,8 @@
 (`ckplan profile --fake --device cpu --dtype float32`) each plan for it (docs/published-runs.md §67.fakesplit).
 Profiles once per folder (micro-batch 4), solves for the setup, evaluates the fixed cut from each profile, runs one
 step (gloo, CPU).
-usage: fake_split_run.py FOLDER M [CUT, e.g. "0 1 2|3|4 5 6|7": stages 0-3] [ZB] [MODEL, default dp_tiny]"""
+usage: fake_split_run.py FOLDER M [CUT, e.g. "0 1 2|3|4 5 6|7": stages 0-3] [ZB] [MODEL, default dp_tiny] [FULL:
+    the layers checkpointed whole, e.g. "1 2"]"""
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tests.fixtures.cli import run_ok
 
 folder, m = Path(sys.argv[1]), int(sys.argv[2])
 schedule = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else "ZBV"
-model = sys.argv[5] if len(sys.argv) > 5 else "tests/fixtures/dp_tiny.py"
+model = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] else "tests/fixtures/dp_tiny.py"
 default_cut = "0 1 2|3|4 5 6|7" if schedule == "ZBV" else "0 1|2 3|4 5|6 7"
 folder.mkdir(parents=True, exist_ok=True)
 paths = {kind: folder / f"{kind}.json" for kind in ("measured", "fake")}
@@ -32,8 +33,10 @@ solved = io.load_plan(plan_path)
 cut = [c.split() for c in (sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else default_cut).split("|")]
 names = [layer.name for layer in io.load_profile(paths["measured"]).layers]
 cut = [[names[int(i)] for i in c] for c in cut]
+full = [names[int(i)] for i in sys.argv[6].split()] if len(sys.argv) > 6 else []
 pairs = ((0, 3), (1, 2)) if schedule == "ZBV" else ((0, 2), (1, 3))  # V-shaped, or looped
-ranks = [StagePlan(index=r, layers=cut[a] + cut[b], chunks=[cut[a], cut[b]]) for r, (a, b) in enumerate(pairs)]
+ranks = [StagePlan(index=r, layers=cut[a] + cut[b], chunks=[cut[a], cut[b]],
+                   checkpointed=[name for name in cut[a] + cut[b] if name in full]) for r, (a, b) in enumerate(pairs)]
 planned = {kind: costmodel.evaluate(ranks, io.load_profile(path), solved.setup).peak_bytes_per_stage
            for kind, path in paths.items()}
 plan = solved.model_copy(update={"stages": with_predictions(ranks, costmodel.evaluate(
