@@ -153,3 +153,31 @@ def test_the_chunked_milp_charges_no_carry_from_a_stages_last_layer():
     charges it nowhere): the MILP charged it on the largest first group wherever that layer shares its stage,
     515.48 and 465.68 ms against brute force's 507.66 and 465.15."""
     _check_chunked_milp_against_brute_force([0] * 5 + [1000], BRUTE_LEASTS)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="framework-facts §890: a checkpointed layer's weight-pass reruns outlive it "
+                                       "to the stage's end; wgroups folds one carry (left for a follow-up)")
+def test_a_chunk_of_two_blocks_checkpointed_whole_is_not_under_predicted_under_zbv(tmp_path):
+    """ckplan's own run (gloo), llama_style under ZBV, 2 ranks x 2 chunks, [0 | 4] and [1 2 | 3], blocks 1 and 2
+    `full`, 4 samples a microbatch, M 4: rank 1 measured 12,149,388 B, planned 8,605,324 (3,544,064 under;
+    without the checkpoints exact). Passes once the stage's weight pass charges every earlier layer's leftovers."""
+    from planner import io
+    from planner.cost.assembly import with_predictions
+    from planner.runtime.launcher import run_plan
+    from tests.fixtures.cli import run_ok
+
+    root = Path(__file__).resolve().parent.parent
+    profile_path, plan_path = tmp_path / "profile.json", tmp_path / "plan.yaml"
+    run_ok("profile", root / "tests" / "fixtures" / "llama_style.py", "--micro-batch-size", "4", "--threads", "1",
+           "--repeats", "1", "--warmup", "0", "--out", profile_path)
+    run_ok("solve", "--profile", profile_path, "--stages", "2", "--mem", "100MiB", "--microbatches", "4",
+           "--schedule", "ZBV", "--chunks", "2", "--out", plan_path)
+    solved, profile = io.load_plan(plan_path), io.load_profile(profile_path)
+    ranks = [StagePlan(index=0, layers=["0", "4"], chunks=[["0"], ["4"]]),
+             StagePlan(index=1, layers=["1", "2", "3"], chunks=[["1", "2"], ["3"]], checkpointed=["1", "2"])]
+    cost = costmodel.evaluate(ranks, profile, solved.setup)
+    io.save_plan(solved.model_copy(update={"stages": with_predictions(ranks, cost)}), plan_path)
+    report = run_plan(io.load_plan(plan_path), plan_file=plan_path, steps=1, warmup_steps=1)
+    rank1 = report.stages[1]
+    assert rank1.predicted.peak_bytes >= rank1.measured.peak_bytes, report
