@@ -70,11 +70,12 @@ def test_a_dense_blocks_analytic_split_is_torchs_held_and_at_least_its_peaks(fam
     for name in ("none", "full"):
         option = options[name]
         carry = option.split_carry_bytes if option.split_carry_bytes is not None else 2 * params - option.split_held_bytes
-        held, input_peak, peak, first, torch_carry = found[name]
+        held, input_peak, peak, first, torch_carry, torch_left = found[name]
         assert option.split_held_bytes == held, name
         assert option.split_input_peak_bytes >= input_peak, name
         assert option.split_peak_bytes >= max(peak, first), name
         assert carry >= torch_carry, name
+        assert (option.split_left_bytes or 0) >= torch_left, name
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
@@ -86,9 +87,9 @@ def test_a_moe_blocks_analytic_split_holds_at_least_torchs(family):
     for name in ("none", "full"):
         option = options[name]
         carry = option.split_carry_bytes if option.split_carry_bytes is not None else 2 * params - option.split_held_bytes
-        held, _, peak, first, torch_carry = found[name]
-        assert (option.split_held_bytes >= held, option.split_peak_bytes >= max(peak, first), carry >= torch_carry) == \
-               (True, True, True), name
+        held, _, peak, first, torch_carry, torch_left = found[name]
+        assert (option.split_held_bytes >= held, option.split_peak_bytes >= max(peak, first), carry >= torch_carry,
+                (option.split_left_bytes or 0) >= torch_left) == (True, True, True, True), name
 
 
 def test_every_analytic_option_torch_splits_records_bytes_and_the_rest_none():

@@ -14,12 +14,14 @@ from planner.cost import costmodel
 from planner.schema import StagePlan
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SPLIT = ("split_held_bytes", "split_input_peak_bytes", "split_peak_bytes", "split_first_peak_bytes", "split_carry_bytes")
+SPLIT = ("split_held_bytes", "split_input_peak_bytes", "split_peak_bytes", "split_first_peak_bytes", "split_carry_bytes",
+         "split_left_bytes")
 # dp_tiny's block, Linear(32, 32) + Tanh on 4 rows in float32, by hand: the weight pass holds the Linear's output
 # gradient (4 x 32 x 4 = 512 B) from the input pass; that pass peaks at it and the input gradient (512); the
 # weight pass at the weight and bias gradients (4,096 + 128 = 4,224), one group (a Linear's weight and bias meet
-# the activations at one addmm), which carries them less the saved 512 B it frees. Block 0 has no input gradient.
-DP_TINY_BLOCK = (512, 1024, 4224, 4224, 3712)
+# the activations at one addmm), which carries them less the saved 512 B it frees, none of it past the next
+# group's call (no rerun). Block 0 has no input gradient.
+DP_TINY_BLOCK = (512, 1024, 4224, 4224, 3712, 0)
 MODELS = {"dp_tiny": 4, "llama_style": 2}  # model: micro-batch size
 
 
@@ -48,7 +50,7 @@ def test_a_fake_profile_records_each_split_field_as_the_measured_one_to_the_byte
     split = [o for _, ours, _ in pairs for o in ours if o.split_peak_bytes > 0]
     assert len(split) >= 2 * (len(pairs) - 1)  # none and full split in every layer but the first
     if model == "dp_tiny":
-        assert [_split(o) for o in fake.layers[0].recompute_options] == [(0,) * 5] * 2
+        assert [_split(o) for o in fake.layers[0].recompute_options] == [(0,) * 6] * 2
         assert {_split(o) for layer in fake.layers[1:] for o in layer.recompute_options} == {DP_TINY_BLOCK}
     else:  # a selective option that splits is recorded too (attn,mlp: the attention and MLP rerun)
         assert any(o.name not in ("none", "full") for o in split)
@@ -60,9 +62,9 @@ def test_a_fake_cuda_profiles_offload_is_bounded_from_nones_split_and_the_moved_
     run_ok("profile", FIXTURES / "dp_tiny.py", "--micro-batch-size", "4", "--fake", "--out", tmp_path / "p.json")
     none, full, offload = io.load_profile(tmp_path / "p.json").layers[1].recompute_options
     assert (none.name, full.name, offload.name, offload.host_bytes) == ("none", "full", "offload", 512)
-    held, input_peak, peak, first, carry = _split(none)
-    assert (held, input_peak, peak, first, carry) == (512, 1024, 2560, 2560, 2048)  # bf16: 2,048 + 64 -> 2,560
-    assert _split(offload) == (held + 512, input_peak + 512, peak, first, carry)
+    held, input_peak, peak, first, carry, left = _split(none)
+    assert (held, input_peak, peak, first, carry, left) == (512, 1024, 2560, 2560, 2048, 0)  # bf16: 2,048 + 64 -> 2,560
+    assert _split(offload) == (held + 512, input_peak + 512, peak, first, carry, left)
 
 
 @pytest.mark.slow

@@ -213,13 +213,14 @@ def split_bytes(arch: Arch, shape: Shape, *, moe: bool, param_count: int, transi
       each group's rerun, all alive to the pass's end (a call's recomputed tensors outlive it: measured, §889);
     - its first group's peak: the whole pass's (unrecorded, None); what it carries to the next layer's: none's
       unrecorded (planner/cost/wgroups.py: the whole weight gradient less held), an option rerunning in the
-      weight pass the whole weight gradient and its reruns."""
+      weight pass the whole weight gradient and its reruns, the reruns staying to the stage's pass's end (§890)."""
     held = saved_output_grad_bytes(arch, shape, moe=moe)
     norm_product = shape.tokens * arch.hidden_size * FP32_BYTES
     reruns = weight_reruns * rerun_peak_bytes
     return {"split_held_bytes": held, "split_input_peak_bytes": transient_bytes + held + rerun_peak_bytes,
             "split_peak_bytes": param_count * shape.d + norm_product + reruns,
-            "split_first_peak_bytes": None, "split_carry_bytes": param_count * shape.d + reruns if reruns else None}
+            "split_first_peak_bytes": None, "split_carry_bytes": param_count * shape.d + reruns if reruns else None,
+            "split_left_bytes": reruns}
 
 
 def with_split_bytes(options: list, arch: Arch, shape: Shape, *, moe: bool, param_count: int,

@@ -282,7 +282,7 @@ class _LayerRun:
     expert_transient: int = 0  # of transient, the routed experts' weight gradients'
     weight_grad_transient: int = 0  # of transient, autograd's fresh weight gradients' (fake_wgrad.py)
     incoming: int = 0  # of transient, the gradient of the output (transients._transient_parts)
-    split: dict[str, tuple[int, int, int, int, int]] | None = None  # option: splitbackward.split_backward_bytes
+    split: dict[str, tuple[int, int, int, int, int, int]] | None = None  # option: splitbackward.split_backward_bytes
 
 
 def _run_options(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, plain: Work,

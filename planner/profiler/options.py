@@ -84,13 +84,13 @@ def _forward(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Ca
 
 def recompute_options(*, act_bytes: int, input_bytes: int, full_ms: float, transient_bytes: int,
                       names: Sequence[str], kept: dict[str, int], transients: dict[str, int],
-                      job: FwdBwdJob | None, split: dict[str, tuple[int, int, int, int, int]] | None = None,
+                      job: FwdBwdJob | None, split: dict[str, tuple[int, int, int, int, int, int]] | None = None,
                       split_ms: dict[str, tuple[float, float, float]] | None = None,
                       bwd_ms: float = 0.0) -> list[RecomputeOption]:
     """The profile's list: none and full from the layer's own numbers (full's recompute the
     measured one, or the whole forward the cost model charges where none was measured), then
     each selective option. split: each option's split backward bytes (held, input peak, weight peak,
-    its first group's peak, its last group's carry: splitbackward.split_backward_bytes);
+    its first group's peak, its last group's carry, what outlives the pass: splitbackward.split_backward_bytes);
     split_ms: its two passes' and its plain backward's times where they were timed (SplitTimeJob),
     recorded against the option's backward, `bwd_ms` (the layer's) and its recompute."""
     split, split_ms = split or {}, split_ms or {}
@@ -116,10 +116,10 @@ def recompute_options(*, act_bytes: int, input_bytes: int, full_ms: float, trans
     return listed
 
 
-def split_byte_fields(split: dict[str, tuple[int, int, int, int, int]], name: str) -> dict[str, int]:
+def split_byte_fields(split: dict[str, tuple[int, int, int, int, int, int]], name: str) -> dict[str, int]:
     """Option `name`'s split backward bytes as a RecomputeOption records them, from
-    splitbackward.split_per_option's (held, input peak, peak, first group's peak, carry); zeros where
+    splitbackward.split_per_option's (held, input peak, peak, first group's peak, carry, left); zeros where
     torch's split did not run it (refused, or an option no split runs). Measured and fake profiles alike."""
-    held, input_peak, peak, first, carry = split.get(name, (0, 0, 0, 0, 0))
+    held, input_peak, peak, first, carry, left = split.get(name, (0, 0, 0, 0, 0, 0))
     return {"split_held_bytes": held, "split_input_peak_bytes": input_peak, "split_peak_bytes": peak,
-            "split_first_peak_bytes": first, "split_carry_bytes": carry}
+            "split_first_peak_bytes": first, "split_carry_bytes": carry, "split_left_bytes": left}

@@ -113,7 +113,8 @@ def _weight_pass_bound(problem: Problem, k: int, n, closes):
     layer's peak), the moment a layer's first group runs beside what the layer before leaves; C_k ≥ the largest
     carry (the weight gradients torch's stage_backward_weight keeps from one layer while the next layer's run:
     wgroups.py) of any present but the stage's last layer's, where that is its run's one layer in the stage
-    (_last_alone). Above evaluate's where the largest carry is not before the largest first group (V_k + C_k
+    (_last_alone); plus every present layer's reruns left to the pass's end (the wleft rows, §890). Above
+    evaluate's where the largest carry is not before the largest first group (V_k + C_k
     charged a whole peak on the carry: 8.5% slower plans on a 6-layer ZBV case, docs/published-runs.md
     §67.review66)."""
     bound = pulp.LpVariable(f"V_{k}", lowBound=0)
@@ -139,12 +140,13 @@ def _weight_pass_bound(problem: Problem, k: int, n, closes):
                     alone = _last_alone(problem, k, g, n, closes)
                 problem.lp += carry >= held / MIB * (present - alone), f"weight_carry_{k}_{g}_{o}"
                 carried = True
-    if not carried:
-        return bound
+    left = _run_sum(problem, "wleft", k, n)  # every present layer's reruns to the pass's end (wgroups.py): above
+    if not carried:                          # evaluate's, which leaves out the stage's last layer's
+        return bound + left
     whole = pulp.LpVariable(f"W_{k}", lowBound=0)
     problem.lp += whole >= bound, f"weight_whole_{k}"
     problem.lp += whole >= first + carry, f"weight_first_carry_{k}"
-    return whole
+    return whole + left
 
 
 def _last_alone(problem: Problem, k: int, g: int, n, closes):
