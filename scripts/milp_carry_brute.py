@@ -25,9 +25,10 @@ LAYERS = 6
 FRACTIONS = (0.2, 0.4, 0.6)
 
 
-def drawn_profile(seed: int, carries: list[int], inputs: bool = False):
+def drawn_profile(seed: int, carries: list[int], inputs: bool = False, left: bool = False):
     """heterogeneous(6, seed), each option's split figures drawn from `seed`; `inputs`: its input pass's too (what it
-    leaves for the weight pass 0, 25 or 50 MiB, its peak 50, 100 or 200 MiB), else 0.25 MiB and 1 MiB."""
+    leaves for the weight pass 0, 25 or 50 MiB, its peak 50, 100 or 200 MiB), else 0.25 MiB and 1 MiB; `left`: the
+    full option's carry left to the pass's end (split_left_bytes: none, half or all of it), else not recorded."""
     rng = random.Random(seed)
     layers = []
     for item in heterogeneous(LAYERS, seed=seed).layers:
@@ -41,7 +42,9 @@ def drawn_profile(seed: int, carries: list[int], inputs: bool = False):
             options.append(RecomputeOption(name=name, kept_bytes=kept, recompute_ms=recompute,
                                            split_held_bytes=held, split_input_peak_bytes=input_peak,
                                            split_peak_bytes=peak, split_first_peak_bytes=first,
-                                           split_carry_bytes=carry))
+                                           split_carry_bytes=carry,
+                                           split_left_bytes=(rng.choice([0, carry // 2, carry])
+                                                             if left and name == OPTION_FULL else None)))
         layers.append(item.model_copy(update={"recompute_options": options}))
     return heterogeneous(LAYERS, seed=seed).model_copy(update={"layers": layers})
 
@@ -94,12 +97,13 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--inputs", action="store_true", help="draw the input pass's figures too")
     parser.add_argument("--run", action="store_true", help="layers 1-4 one run (with_a_run)")
+    parser.add_argument("--left", action="store_true", help="draw what the full option leaves to the pass's end")
     args = parser.parse_args()
     carries = [int(c) for c in args.carry.split(",")]
     roomy = roomy_setup(args.schedule, args.ranks, args.chunks)
     above = []
     for seed in range(*args.seeds):
-        profile = drawn_profile(seed, carries, args.inputs)
+        profile = drawn_profile(seed, carries, args.inputs, args.left)
         profile = with_a_run(profile) if args.run else profile
         plans = every_plan(profile, roomy)
         for fraction in FRACTIONS:

@@ -75,6 +75,11 @@ def main() -> None:
         if ranks is None:
             print(f"{name}: no plan ({found['status']})")
             continue
+        if found["iteration_ms"] is None:  # a plan solved on another profile that does not fit on this one
+            peaks = costmodel.evaluate(ranks, profile, setup).peak_bytes_per_stage
+            print(f"{name}: does not fit this profile: peaks {', '.join(f'{p / 2**20:,.0f}' for p in peaks)} MiB")
+            print(describe(ranks))
+            continue
         print(f"{name}: evaluate {found['iteration_ms']:.1f} ms, linear {found['linear_ms']:.1f} ms, "
               f"{found['checkpointed']} layers recomputing, solve {found['solve_s']:.2f} s cpu ({found['status']})")
         print(describe(ranks))

@@ -390,7 +390,7 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
         # peak over what was live before it is a layer's, not their sum (the sum put a V's rank 0 up
         # to 3.1% over its measured peak: tests/test_chunked_schedules.py), on top of the gradients
         # the layer before leaves bound to `dweights` (wgroups.py; 2,176 B under on dp_tiny's ZBV)
-        weight_pass_peak_bytes=int(round(weight_pass_peak_bytes([(v["wpeak"], v["wfirst"], v["wcarry"])
+        weight_pass_peak_bytes=int(round(weight_pass_peak_bytes([(v["wpeak"], v["wfirst"], v["wcarry"], v["wleft"])
                                                                 for v in per_layer]))),
         # the last stage's input pass starts with the loss's backward, whose gradient of the last
         # layer's output stays until the pass ends (a middle stage's is its receive buffer), and whose

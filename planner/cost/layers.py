@@ -31,6 +31,7 @@ class OptionCost:
     # None: not recorded
     split_first_peak_bytes: int | None = None
     split_carry_bytes: int | None = None
+    split_left_bytes: int | None = None  # ... of its carry, what stays to the stage's weight pass's end
     host_bytes: int = 0  # offload: what it keeps in host memory per microbatch until its backward
     # a split backward's two passes (the profile's input_grad_ms, weight_grad_ms: torch's
     # stage_backward_input and stage_backward_weight); None: not recorded (planner/cost/splittime.py)
@@ -80,7 +81,8 @@ class LayerCost:
     expert_param_count: int = 0  # of param_count, the routed experts' (expert parallelism splits them)
     a2a_bytes: int = 0  # a MoE block's token dispatch per microbatch (the all-to-all term)
     # none's and full's split backward bytes: (held, input peak, weight peak)
-    split_bytes: tuple[tuple[int | None, ...], tuple[int | None, ...]] = ((0, 0, 0, None, None), (0, 0, 0, None, None))
+    split_bytes: tuple[tuple[int | None, ...], tuple[int | None, ...]] = ((0, 0, 0, None, None, None),
+                                                                          (0, 0, 0, None, None, None))
     # none's and full's split backward times: (input pass, weight pass) ms, None where not recorded
     split_ms: tuple[tuple[float, float] | None, tuple[float, float] | None] = (None, None)
     expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' (ep divides it)
@@ -321,7 +323,7 @@ def _most(values: list, field: str) -> int | None:
     return max(values, default=0)
 
 
-GROUP_FIELDS = ("split_first_peak_bytes", "split_carry_bytes")
+GROUP_FIELDS = ("split_first_peak_bytes", "split_carry_bytes", "split_left_bytes")
 SPLIT_FIELDS = ("split_held_bytes", "split_input_peak_bytes", "split_peak_bytes", *GROUP_FIELDS)
 
 

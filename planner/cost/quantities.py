@@ -49,6 +49,7 @@ QUANTITY_DECLARATIONS: tuple[Quantity, ...] = (
     Quantity("wpeak", "split", "a split backward's weight pass over what is live before it"),
     Quantity("wfirst", "split", "a split backward's weight pass's first parameter group over what is live before it"),
     Quantity("wcarry", "split", "what a split backward's weight pass leaves of a layer while the next layer's runs"),
+    Quantity("wleft", "split", "what a split backward's weight pass leaves of a layer to the stage's pass's end"),
 )
 
 

@@ -165,6 +165,11 @@ TERMS: tuple[Term, ...] = (
          "torch's stage_backward_weight keeps a parameter group's autograd.grad result bound until the next "
          "group's returns (torch 2.13 pipelining/_backward.py 322-337; measured on ckplan's own ZBV run, "
          "framework-facts §836-838; planner/cost/wgroups.py)"),
+    Term("a split backward's weight-pass reruns of the layer, alive to the end of the stage's weight pass", "wleft",
+         "layer", lambda layer, ckpt, ctx: wgroups.weight_pass_left_bytes(layer, int(ckpt)),
+         "a checkpointed region's reruns a parameter group's call does not unpack stay until the stage's "
+         "stage_backward_weight returns (torch 2.13 utils/checkpoint.py 824-826, 1205; measured on ckplan's own "
+         "ZBV run, framework-facts §889-§890; planner/cost/wgroups.py)"),
     Term("scratch, and what the option recomputes at once", "extra", "layer",
          lambda layer, ckpt, ctx: layer_extra_bytes(layer, ckpt) - max(expert_parallel_transient_back(layer, ctx.setup),
                                                                        freshgrads.fused_back(layer, ctx.setup)),

@@ -49,13 +49,25 @@ def weight_pass_first_peak_bytes(layer: LayerCost, option: int) -> float:
     return float(chosen.split_peak_bytes if chosen.split_first_peak_bytes is None else chosen.split_first_peak_bytes)
 
 
-def weight_pass_peak_bytes(layers: Sequence[tuple[float, float, float]]) -> float:
+def weight_pass_left_bytes(layer: LayerCost, option: int) -> float:
+    """Of the layer's carry, what stays to the end of the stage's weight pass (the profile's
+    split_left_bytes: a checkpointed region's reruns its groups did not unpack, §889-§890); 0 where not
+    recorded (profiles made before, charged as then) or where there is no weight pass."""
+    chosen = layer.options[option]
+    if chosen.split_peak_bytes <= 0 or chosen.split_left_bytes is None:
+        return 0.0
+    return float(chosen.split_left_bytes)
+
+
+def weight_pass_peak_bytes(layers: Sequence[tuple[float, ...]]) -> float:
     """A stage's weight pass over what is live before it, from each layer's (weight-pass peak, first
-    group's peak, carry) in stage order: each layer's peak, and its first group's on top of what the
-    last earlier layer with a weight pass carries into it."""
-    peak, carry = 0.0, 0.0
-    for layer_peak, first, layer_carry in layers:
+    group's peak, carry[, left]) in stage order: each layer's peak, and its first group's on top of what
+    the last earlier layer with a weight pass carries into it, both on what every earlier layer left to
+    the pass's end (its carry less that is its last group's result, gone once the next group's returns)."""
+    peak, bound, lefts = 0.0, 0.0, 0.0
+    for layer_peak, first, layer_carry, *left in layers:
         if layer_peak > 0:
-            peak = max(peak, layer_peak, first + carry)
-            carry = layer_carry
+            peak = max(peak, lefts + max(layer_peak, first + bound))
+            stays = min(left[0], layer_carry) if left else 0.0
+            bound, lefts = layer_carry - stays, lefts + stays
     return peak

@@ -346,6 +346,9 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                       "float8": fp8, "wgrad_accumulate_ms": analytic_time.accumulate_ms(
                           analytic_time.accumulate_bytes(arch, shape, moe=moe), gpu, mfu)})
     layer = analytic_records.with_option_records(layer, arch, shape, moe=moe)  # the selective options' records
+    layer = layer.model_copy(update={"recompute_options": analytic_split.with_split_bytes(  # a split's bytes
+        layer.recompute_options, arch, shape, moe=moe, param_count=layer.param_count,
+        transient_bytes=layer.transient_bytes)})
     exchanged = analytic_cp.exchange(arch, shape, gpu, mfu)  # context parallelism's (None at cp 1)
     if exchanged is not None:
         layer = layer.model_copy(update={"context_parallel": exchanged})

@@ -27,12 +27,13 @@ torch's own grouping on the same family's transformers block.
 from __future__ import annotations
 
 from planner.models.archs import GPU, Arch
-from planner.profiler import analytic_moe, analytic_time
+from planner.profiler import analytic_moe, analytic_time, formulas
 from planner.profiler.formulas import Shape
 from planner.profiler.roofline import Kernel, Work, work
-from planner.schema import OPTION_FULL, OPTION_NONE, runs_split_backward
+from planner.schema import OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD, runs_split_backward
 
 # Hugging Face's modules, per part of a block: the parameter groups each part's parameters make
+FP32_BYTES = 4
 NORMS = 2  # the attention's and the MLP's norm (input_layernorm, post_attention_layernorm; GPT-2's ln_1, ln_2)
 
 
@@ -66,6 +67,9 @@ def block_param_groups(arch: Arch, *, moe: bool) -> dict[str, int]:
     (one torch.autograd.grad call each): {"attention", "mlp", "norms"}."""
     return {"attention": attention_groups(arch), "mlp": mlp_groups(arch, moe=moe),
             "norms": NORMS + (2 if arch.post_norms else 0)}  # Gemma 3's post-attention and post-MLP norms
+
+
+REGIONS = ("mlp", "attn", "mla-up", "core-attn", "norm-out")  # the parts region_groups counts
 
 
 def region_groups(arch: Arch, part: str, *, moe: bool) -> int:
@@ -154,3 +158,94 @@ def selective_split(arch: Arch, name: str, none_split: tuple[float, float] | Non
         return {}
     return split_ms(none_split, sum(part_ms[part] for part in parts),
                     sum(region_groups(arch, part, moe=moe) * part_ms[part] for part in parts))
+
+
+# ---------------------------------------------------------------- the split backward's bytes (§888-§890)
+
+
+def saved_output_grad_bytes(arch: Arch, shape: Shape, *, moe: bool) -> int:
+    """What torch's stage_backward_input leaves a block's weight pass: per parameter group, the gradient of the
+    output of the group's first node on the block's input-to-output path (its pre-hook's `param_group["grads"]`,
+    _backward.py 200-225: a Linear's [tokens, out features], a norm's [tokens, hidden]), bound until
+    stage_backward_weight deletes it, in the activations' dtype; less the incoming gradient where a group's output
+    is the block's (a dense block's down projection: the residual add passes it on as it is), which was live
+    before. Gemma's norms scale in fp32 (Arch.fp32_norm_scale): their outputs' gradients, Qwen-style q and k
+    norms' too, 4 B an element, and the post-MLP norm's is a cast of the incoming one, not it. Per device: projections split /t; the norms' and the output projections'
+    [tokens, hidden] counted whole (over under SP, where a norm's rows are /t). A MoE block's routed experts at
+    their capacity's rows (formulas.expert_tokens, every expert's); nothing subtracted there (a weighted or gated
+    sum: the experts' outputs' gradients are new)."""
+    t, h = shape.tp, arch.hidden_size
+    if arch.mla:  # q_a, q_a norm, q_b (or q_proj); kv_a (latent and rope), kv_a norm, kv_b; o
+        heads = arch.num_heads // t
+        attention = (2 * arch.q_lora_rank + heads * (arch.qk_nope_head_dim + arch.qk_rope_head_dim)
+                     + 2 * arch.kv_lora_rank + arch.qk_rope_head_dim + heads * (arch.qk_nope_head_dim + arch.v_head_dim) + h)
+    elif arch.style == "gpt":  # c_attn (or q, k, v), c_proj
+        attention = 3 * h // t + h
+    else:  # q, k, v, o; Qwen3's q_norm and k_norm
+        q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
+        qk_norms = (q + kv) * (FP32_BYTES // shape.d if arch.fp32_norm_scale else 1)
+        attention = q + 2 * kv + h + (qk_norms if arch.qk_norm else 0)
+    norms = block_param_groups(arch, moe=moe)["norms"] * h * (FP32_BYTES // shape.d if arch.fp32_norm_scale else 1)
+    rows = 0  # the routed experts' rows: their gate_up ([rows, 2f]) and down ([rows, hidden]) outputs' gradients
+    if arch.style == "gpt":  # c_fc, c_proj
+        mlp = arch.intermediate_size // t + h
+    elif not moe:  # gate, up, down
+        mlp = 2 * (arch.intermediate_size // t) + h
+    else:  # the router's logits, the shared experts' gate, up and down, Qwen2-MoE's shared-expert gate
+        rows = arch.num_experts * formulas.expert_tokens(arch, shape) * (2 * (arch.moe_intermediate_size // t) + h)
+        shared = arch.num_shared_experts * arch.shared_intermediate_size // t
+        mlp = arch.num_experts + (2 * shared + h if shared else 0) + (1 if arch.shared_expert_gate else 0)
+    passed_on = 0 if moe or arch.post_norms or (arch.style == "gpt" and arch.drops_residual) else h  # the incoming
+    return (shape.tokens * (attention + norms + mlp - passed_on) + rows) * shape.d
+
+
+def split_bytes(arch: Arch, shape: Shape, *, moe: bool, param_count: int, transient_bytes: int,
+                rerun_peak_bytes: int, weight_reruns: int) -> dict[str, int | None]:
+    """A block's split backward bytes (LayerProfile's split fields) for an option whose rerun (none: 0) peaks at
+    `rerun_peak_bytes`, `weight_reruns` times in the weight pass (its region's parameter groups), bounds from
+    torch 2.13's _backward.py where the measured and fake profiles run it:
+    - held: saved_output_grad_bytes;
+    - the input pass's peak: the plain backward's (`transient_bytes`, analytic_scratch.block_transient_bytes:
+      it frees each group's output gradient where the input pass keeps it) plus held, plus the rerun;
+    - the weight pass's peak: every group's fresh weight gradient at once (`autograd.grad`'s result, added into
+      .grad after: the whole block's, in the weights' dtype, above the two groups a weight pass holds at once),
+      a norm weight's gradient's [tokens, hidden] product before its sum over the tokens (fp32 at most), and
+      each group's rerun, all alive to the pass's end (a call's recomputed tensors outlive it: measured, §889);
+    - its first group's peak: the whole pass's (unrecorded, None); what it carries to the next layer's: none's
+      unrecorded (planner/cost/wgroups.py: the whole weight gradient less held), an option rerunning in the
+      weight pass the whole weight gradient and its reruns, the reruns staying to the stage's pass's end (§890)."""
+    held = saved_output_grad_bytes(arch, shape, moe=moe)
+    norm_product = shape.tokens * arch.hidden_size * FP32_BYTES
+    reruns = weight_reruns * rerun_peak_bytes
+    return {"split_held_bytes": held, "split_input_peak_bytes": transient_bytes + held + rerun_peak_bytes,
+            "split_peak_bytes": param_count * shape.d + norm_product + reruns,
+            "split_first_peak_bytes": None, "split_carry_bytes": param_count * shape.d + reruns if reruns else None,
+            "split_left_bytes": reruns}
+
+
+def with_split_bytes(options: list, arch: Arch, shape: Shape, *, moe: bool, param_count: int,
+                     transient_bytes: int) -> list:
+    """A block's options, each that torch's split can run (runs_split_backward) with its split_bytes. Offload's
+    copies (its recompute_peak_bytes) come back as the input pass starts and stay until the weight pass has run
+    (its nodes hold them): held as well, not a weight-pass rerun."""
+    def fields(option) -> dict:
+        rerun = 0 if option.name == OPTION_NONE else option.recompute_peak_bytes
+        if option.name == OPTION_OFFLOAD:
+            found = split_bytes(arch, shape, moe=moe, param_count=param_count, transient_bytes=transient_bytes,
+                                rerun_peak_bytes=rerun, weight_reruns=0)
+            return {**found, "split_held_bytes": found["split_held_bytes"] + rerun}
+        return split_bytes(arch, shape, moe=moe, param_count=param_count, transient_bytes=transient_bytes,
+                           rerun_peak_bytes=rerun, weight_reruns=weight_reruns(option.name))
+
+    every = sum(block_param_groups(arch, moe=moe).values())
+
+    def weight_reruns(name: str) -> int:  # the parameter groups whose weight-pass call reruns the region:
+        if name == OPTION_NONE:  # a part with no region here (op-sac: torch's policy over the block) all of them
+            return 0
+        parts = [] if name == OPTION_FULL else name.split(",")
+        if any(part not in REGIONS for part in parts) or not parts:
+            return every
+        return sum(region_groups(arch, part, moe=moe) for part in parts)
+
+    return [option.model_copy(update=fields(option)) if runs_split_backward(option.name) else option
+            for option in options]

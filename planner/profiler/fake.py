@@ -70,6 +70,7 @@ from planner.profiler.kinds import buffer_bytes, input_grads, layer_kinds, looku
 from planner.profiler.opclass import Tracker, op_class
 from planner.profiler.roofline import Kernel, Work
 from planner.profiler.saved import Layers, LossFn, saved_bytes
+from planner.profiler.splitbackward import split_per_option
 from planner.profiler.storages import StorageTracker, counted_bytes, storage_nbytes
 from planner.profiler.transients import forward_only_bytes
 from planner.profiler.userfault import blame
@@ -281,6 +282,7 @@ class _LayerRun:
     expert_transient: int = 0  # of transient, the routed experts' weight gradients'
     weight_grad_transient: int = 0  # of transient, autograd's fresh weight gradients' (fake_wgrad.py)
     incoming: int = 0  # of transient, the gradient of the output (transients._transient_parts)
+    split: dict[str, tuple[int, int, int, int, int, int]] | None = None  # option: splitbackward.split_backward_bytes
 
 
 def _run_options(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, plain: Work,
@@ -356,6 +358,9 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                                   fake_moe.expert_transient_bytes(layer, x, grad, transient),
                                   transient - in_place, incoming))
             records.append(allocseq.layer_records(layer, x, grad, list(runs[-1].option_transients)))
+            # the split backward's bytes, by the measured profiler's own function on the fake tensors (§886)
+            runs[-1].split = split_per_option(layer, x, grad, [OPTION_NONE, OPTION_FULL, *runs[-1].option_transients],
+                                              tracker=lambda device: StorageTracker())
         layer.zero_grad(set_to_none=True)
     linear_calls = [float8.converted(calls) for calls in linears]
     chosen = options.common_per_kind(kinds, [list(run.option_transients) for run in runs])
@@ -374,6 +379,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
         fwd_ms, bwd_ms = roofline_ms(fwd, gpu), roofline_ms(bwd, gpu)
         full_ms = roofline_ms(recompute, gpu) if run.has_backward else None
         act, input_bytes = saved.act_bytes[index], storage_nbytes(x)
+        split = partial(options.split_byte_fields, run.split)
         profiles.append(with_split_times(LayerProfile(  # and the split backward's passes
             name=name, kind=kinds[index], fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_ms_min=fwd_ms, fwd_ms_max=fwd_ms,
             bwd_ms_min=bwd_ms, bwd_ms_max=bwd_ms,
@@ -389,15 +395,17 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             lookup_param_count=lookup_param_count(layer), buffer_bytes=buffer_bytes(layer),
             step_ms=analytic.step_ms(trained, gpu), **_routing_fields(run),
             recompute_options=[
-                RecomputeOption(name=OPTION_NONE, kept_bytes=act),
+                RecomputeOption(name=OPTION_NONE, kept_bytes=act, **split(OPTION_NONE)),
                 RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=fwd_ms if full_ms is None
-                                else full_ms, recompute_peak_bytes=max(act - input_bytes, 0)),
+                                else full_ms, recompute_peak_bytes=max(act - input_bytes, 0), **split(OPTION_FULL)),
                 *(RecomputeOption(name=option, kept_bytes=saved.option_bytes[index][option],
                                   recompute_ms=roofline_ms(run.option_work[option], gpu),
-                                  recompute_peak_bytes=max(run.option_transients[option] - transient, 0))
+                                  recompute_peak_bytes=max(run.option_transients[option] - transient, 0),
+                                  **split(option))
                   for option in chosen[index]),
                 *_offload_option(act, saved.input_in_act_bytes[index], device_type, gpu, run.has_backward,
-                                 fwd_ms=fwd_ms, bwd_ms=bwd_ms, first_bytes=saved.last_saved_bytes[index])],
+                                 fwd_ms=fwd_ms, bwd_ms=bwd_ms, first_bytes=saved.last_saved_bytes[index],
+                                 split=split(OPTION_NONE))],
             alloc_records={name: record for name, record in records[index].items()
                            if name in (OPTION_NONE, OPTION_FULL, *chosen[index])},
             float8=float8.record(linear_calls[index], gpu, fwd, bwd,
@@ -432,15 +440,23 @@ def _routing_fields(run: _LayerRun) -> dict:
 
 
 def _offload_option(act_bytes: int, input_in_act_bytes: int, device_type: str, gpu: GPU,
-                    has_backward: bool, *, fwd_ms: float, bwd_ms: float, first_bytes: int) -> list[RecomputeOption]:
+                    has_backward: bool, *, fwd_ms: float, bwd_ms: float, first_bytes: int,
+                    split: dict[str, int]) -> list[RecomputeOption]:
     """A layer's offload option (recompute.offloaded_activations) from its saved bytes: it keeps
     on the device what of its input it saves and copies the rest out and back, timed over the
-    GPU's host link as the analytic profile times it. None on cpu (the host is the device)."""
+    GPU's host link as the analytic profile times it. None on cpu (the host is the device).
+    `split`: none's split backward bytes, which offload's bound (no fake device runs its copies):
+    the copies come back at the start of the input pass and the weight pass's nodes hold them
+    until it runs (§887), so its held bytes and input pass's peak are none's and the moved bytes."""
     moved = act_bytes - input_in_act_bytes
     if device_type == "cpu" or not has_backward or moved <= 0:
         return []
-    return [analytic.offload_option(input_in_act_bytes, moved, gpu, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
-                                    first_bytes=min(first_bytes, moved))]
+    option = analytic.offload_option(input_in_act_bytes, moved, gpu, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
+                                     first_bytes=min(first_bytes, moved))
+    if split["split_peak_bytes"] <= 0:  # nothing to split off (no weight, or no input gradient)
+        return [option]
+    return [option.model_copy(update={**split, "split_held_bytes": split["split_held_bytes"] + moved,
+                                      "split_input_peak_bytes": split["split_input_peak_bytes"] + moved})]
 
 
 def _loss_work(loss_fn: LossFn, output: torch.Tensor, targets: torch.Tensor) -> Work:

@@ -251,7 +251,7 @@ class _TimedLayer:
     option_names: list[str] = field(default_factory=list)  # those the profile lists (time_options)
     option_job: FwdBwdJob | None = None
     expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' share
-    split: dict[str, tuple[int, int, int, int, int]] = field(default_factory=dict)  # option: splitbackward.split_backward_bytes
+    split: dict[str, tuple[int, int, int, int, int, int]] = field(default_factory=dict)  # option: splitbackward.split_backward_bytes
     split_job: SplitTimeJob | None = None  # the listed options' split backward, timed (time_options)
     grad: torch.Tensor | None = None  # the fixed gradient of the output every backward runs from
     # figures measured wrong (a busy machine) replaced by the kind's median: fwd_ms, bwd_ms, recompute_ms

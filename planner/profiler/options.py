@@ -84,25 +84,22 @@ def _forward(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Ca
 
 def recompute_options(*, act_bytes: int, input_bytes: int, full_ms: float, transient_bytes: int,
                       names: Sequence[str], kept: dict[str, int], transients: dict[str, int],
-                      job: FwdBwdJob | None, split: dict[str, tuple[int, int, int, int, int]] | None = None,
+                      job: FwdBwdJob | None, split: dict[str, tuple[int, int, int, int, int, int]] | None = None,
                       split_ms: dict[str, tuple[float, float, float]] | None = None,
                       bwd_ms: float = 0.0) -> list[RecomputeOption]:
     """The profile's list: none and full from the layer's own numbers (full's recompute the
     measured one, or the whole forward the cost model charges where none was measured), then
     each selective option. split: each option's split backward bytes (held, input peak, weight peak,
-    its first group's peak, its last group's carry: splitbackward.split_backward_bytes);
+    its first group's peak, its last group's carry, what outlives the pass: splitbackward.split_backward_bytes);
     split_ms: its two passes' and its plain backward's times where they were timed (SplitTimeJob),
     recorded against the option's backward, `bwd_ms` (the layer's) and its recompute."""
     split, split_ms = split or {}, split_ms or {}
 
     def split_fields(name: str, recompute_ms: float = 0.0) -> dict[str, int | float | None]:
-        held, input_peak, peak, first, carry = split.get(name, (0, 0, 0, 0, 0))
         input_ms = weight_ms = None
         if name in split_ms:
             input_ms, weight_ms = recorded_split_ms(split_ms[name], bwd_ms + recompute_ms)
-        return {"split_held_bytes": held, "split_input_peak_bytes": input_peak, "split_peak_bytes": peak,
-                "split_first_peak_bytes": first, "split_carry_bytes": carry,
-                "input_grad_ms": input_ms, "weight_grad_ms": weight_ms}
+        return {**split_byte_fields(split, name), "input_grad_ms": input_ms, "weight_grad_ms": weight_ms}
 
     listed = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes, **split_fields(OPTION_NONE)),
               RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=full_ms,
@@ -117,3 +114,12 @@ def recompute_options(*, act_bytes: int, input_bytes: int, full_ms: float, trans
                                       host_bytes=max(act_bytes - kept[name], 0) if name == OPTION_OFFLOAD else 0,
                                       **split_fields(name, max(extra_ms, 0.0))))
     return listed
+
+
+def split_byte_fields(split: dict[str, tuple[int, int, int, int, int, int]], name: str) -> dict[str, int]:
+    """Option `name`'s split backward bytes as a RecomputeOption records them, from
+    splitbackward.split_per_option's (held, input peak, peak, first group's peak, carry, left); zeros where
+    torch's split did not run it (refused, or an option no split runs). Measured and fake profiles alike."""
+    held, input_peak, peak, first, carry, left = split.get(name, (0, 0, 0, 0, 0, 0))
+    return {"split_held_bytes": held, "split_input_peak_bytes": input_peak, "split_peak_bytes": peak,
+            "split_first_peak_bytes": first, "split_carry_bytes": carry, "split_left_bytes": left}

@@ -1,7 +1,7 @@
 """What a zero-bubble schedule's split backward holds and peaks at, per layer and recompute option:
 torch's stage_backward_input, then stage_backward_weight, under the memory tracker
 (LayerProfile's split_held_bytes, split_input_peak_bytes, split_peak_bytes, and per parameter group
-split_first_peak_bytes, split_carry_bytes: planner/cost/wgroups.py); and how long each
+split_first_peak_bytes, split_carry_bytes, split_left_bytes: planner/cost/wgroups.py); and how long each
 of the two passes takes (SplitTimeJob: input_grad_ms, weight_grad_ms)."""
 
 from __future__ import annotations
@@ -21,16 +21,17 @@ from planner.schema import runs_split_backward
 
 
 def split_per_option(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None,
-                     names: list[str]) -> dict[str, tuple[int, int, int, int, int]]:
+                     names: list[str], *, tracker=memory_tracker) -> dict[str, tuple[int, int, int, int, int, int]]:
     """split_backward_bytes of the layer under each option a split backward can run; none where
     torch's split backward refuses the layer (its `detach_` of an output that is a view, e.g. a
-    Linear's on a 3-d input: a zero-bubble schedule cannot run it either)."""
+    Linear's on a 3-d input: a zero-bubble schedule cannot run it either). `tracker`: the measured
+    profiler's memory_tracker, or a fake profile's StorageTracker on its fake tensors (fake.py)."""
     found = {}
     for name in names:
         if runs_split_backward(name):
             x.grad = None
             try:
-                found[name] = split_backward_bytes(layer_runner(layer, name), layer, x, grad)
+                found[name] = split_backward_bytes(layer_runner(layer, name), layer, x, grad, tracker=tracker)
             except RuntimeError:
                 break
     x.grad = None
@@ -41,19 +42,21 @@ def split_per_option(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | Non
 
 
 def split_backward_bytes(run, layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, *,
-                         tracker=memory_tracker) -> tuple[int, int, int, int, int]:
+                         tracker=memory_tracker) -> tuple[int, int, int, int, int, int]:
     """A zero-bubble schedule's split backward of x -> run(x), as the pipeline runs it (torch's
     stage_backward_input, then stage_backward_weight): (what the input pass leaves live for the
     weight pass beyond what the forward kept, the incoming gradient and the input gradient it
     made; the input pass's peak over what is live before it, its input gradient included; the
     weight pass's peak over what is live before it; its first parameter group's peak over the
     same; what its last group leaves alive for the next layer's first group: its torch.autograd.grad
-    result, less the saved output gradients that group frees). The weight pass runs as in a step's
+    result, less the saved output gradients that group frees; of that carry, what outlives the next
+    group's call to the end of the stage's weight pass: all but its last group's result, a checkpointed
+    region's reruns its groups did not unpack, framework-facts §889-§890). The weight pass runs as in a step's
     later microbatches, each weight's .grad already there (torch adds into it; the layer's .grad
     put back after). Zeros where there is no input gradient to split off (a first layer) or no weight."""
     weights = [p for p in layer.parameters() if p.requires_grad]
     if grad is None or not x.requires_grad or not x.is_floating_point() or not weights:
-        return 0, 0, 0, 0, 0
+        return 0, 0, 0, 0, 0, 0
     kept_grads = [p.grad for p in weights]
     for p in weights:
         p.grad = torch.zeros_like(p) if p.grad is None else p.grad.clone()
@@ -61,7 +64,7 @@ def split_backward_bytes(run, layer: nn.Module, x: torch.Tensor, grad: torch.Ten
         with tracker(x.device) as memory:
             output = run(x)
             if not output.requires_grad:
-                return 0, 0, 0, 0, 0
+                return 0, 0, 0, 0, 0, 0
             before = memory.live_bytes
             memory.reset_peak()
             input_grads, groups = stage_backward_input([output], [grad], [x], iter(weights))
@@ -71,14 +74,15 @@ def split_backward_bytes(run, layer: nn.Module, x: torch.Tensor, grad: torch.Ten
             memory.reset_peak()
             with _groups_watched(memory, grad) as (calls, between):
                 stage_backward_weight(iter(weights), groups)
-            peak = max([memory.peak_bytes, *between, *(top for top, _ in calls)]) - live
+            peak = max([memory.peak_bytes, *between, *(top for top, _, _ in calls)]) - live
             first = calls[0][0] - live if calls else 0
             carry = calls[-1][1] - live if calls else 0
+            left = calls[-1][1] - calls[-1][2] - live if calls else 0
             del output, input_grads, groups
     finally:
         for p, kept in zip(weights, kept_grads):
             p.grad = kept
-    return max(0, held), max(0, input_peak), max(0, peak), max(0, first), max(0, carry)
+    return max(0, held), max(0, input_peak), max(0, peak), max(0, first), max(0, carry), max(0, left)
 
 
 @contextmanager
@@ -86,9 +90,9 @@ def _groups_watched(memory, incoming: torch.Tensor):
     """Each torch.autograd.grad of stage_backward_weight (one a parameter group, _backward.py
     322-328) as (the tracker's peak during it, what is live as the next group's would start: the
     group's result still bound, the group before's result and the group's saved output gradients
-    freed, the incoming gradient, which no group owns, kept); and the peaks between them (the
-    gradients' accumulation into .grad)."""
-    calls: list[tuple[int, int]] = []
+    freed, the incoming gradient, which no group owns, kept; the group's result's bytes); and the
+    peaks between them (the gradients' accumulation into .grad)."""
+    calls: list[tuple[int, int, int]] = []
     between: list[int] = []
     grad = torch.autograd.grad
     bound: dict[int, int] = {}  # the group before's result, bound to `dweights` until this one returns
@@ -102,7 +106,7 @@ def _groups_watched(memory, incoming: torch.Tensor):
         freed = {**bound, **_storages(grad_outputs or ())}
         for key in (*mine, storage_key(incoming)):
             freed.pop(key, None)
-        calls.append((memory.peak_bytes, memory.live_bytes - sum(freed.values())))
+        calls.append((memory.peak_bytes, memory.live_bytes - sum(freed.values()), sum(mine.values())))
         bound = mine
         return result
 
@@ -184,7 +188,7 @@ def recorded_split_ms(medians: tuple[float, float, float], backward_ms: float) -
 
 
 def split_time_job(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None,
-                   split: dict[str, tuple[int, int, int, int, int]]) -> SplitTimeJob | None:
+                   split: dict[str, tuple[int, int, int, int, int, int]]) -> SplitTimeJob | None:
     """A SplitTimeJob for the options whose split ran (split_per_option) where there is a split to
     time: an input gradient and a weight (split_backward_bytes' zeros otherwise); None if none."""
     weights = [p for p in layer.parameters() if p.requires_grad]

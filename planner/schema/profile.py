@@ -64,6 +64,10 @@ class RecomputeOption(Strict):
     # recorded (profiles made before; the cost model then takes the layer's whole peak and gradients)
     split_first_peak_bytes: Bytes | None = None
     split_carry_bytes: Bytes | None = None
+    # of that carry, what outlives the next group's call and stays to the end of the stage's weight pass (a
+    # checkpointed region's reruns its groups did not unpack, framework-facts §889-§890). None: not recorded
+    # (profiles made before: charged 0, as then)
+    split_left_bytes: Bytes | None = None
     # a split backward's time per microbatch: torch's stage_backward_input (the input gradient, with
     # every backward op but the weight-gradient matmuls) and stage_backward_weight (those matmuls, the
     # gradients' accumulation); measured profiles time torch's two passes (their sum is not the full

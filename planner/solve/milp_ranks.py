@@ -171,9 +171,14 @@ def _weight_pass_bound(problem: Problem, k: int, n):
     0; a slot with no weight pass passes it on (evaluate skips it), and M_b the largest carry before b. The chain's
     least values are the carries evaluate reads, so the rows are evaluate's maximum. Bounding it by the largest
     first group plus the largest carry charged a carry that does not precede the largest first group: a 6-layer
-    ZBV plan 4.0% slower than brute force's (docs/published-runs.md §67.milpexact)."""
+    ZBV plan 4.0% slower than brute force's (docs/published-runs.md §67.milpexact).
+    What a layer leaves to the pass's end (wleft, s_b = min(wleft_b, wcarry_b): a checkpointed region's reruns,
+    §890) is under every later layer's rows: L_b = Σ_{b' < b} s_b'·count_b' (a linear sum) and, within the slot,
+    the layers before its last, (count_b - p_b)·s_b, each row held off by ML_b (L_b's most) where the slot is
+    absent; the carry the chain hands on is wcarry_b - s_b, the rest being left (wgroups.weight_pass_peak_bytes)."""
     whole = pulp.LpVariable(f"W_{k}", lowBound=0)
     carry, most = 0, 0.0  # C_b (MiB) and the largest carry before b
+    lefts, left_most = [], 0.0  # L_b's terms (MiB) and its most
     for b, (g, o, count) in enumerate(_slots(problem, k, n)):
         run = problem.runs[g]
         peak = _layer(problem, ("wpeak",), run.layer, o) / MIB
@@ -181,22 +186,30 @@ def _weight_pass_bound(problem: Problem, k: int, n):
             continue
         first = _layer(problem, ("wfirst",), run.layer, o) / MIB
         held = _layer(problem, ("wcarry",), run.layer, o) / MIB
+        stays = min(_layer(problem, ("wleft",), run.layer, o) / MIB, held)
+        held -= stays  # the carry the next layer's first group meets; `stays` is left to the pass's end
         present = _slot_presence(problem, k, b, count, run.size)
+        # what the earlier layers left, under the slot's last layer (its layers before it too); off where absent
+        under = pulp.lpSum(lefts) + stays * (count - present) - left_most * (1 - present) if left_most or stays else 0
         # (a first group above its layer's peak, which only a hand-edited profile has, charged on nothing too)
         peak = max(peak, first)
-        problem.lp += whole >= peak * present, f"weight_pass_{k}_{b}"
+        problem.lp += whole >= peak * present + under, f"weight_pass_{k}_{b}"
         if most > 0 and first + most > peak:
-            problem.lp += whole >= first * present + carry - most * (1 - present), f"weight_first_{k}_{b}"
+            problem.lp += (whole >= first * present + carry + pulp.lpSum(lefts) - (most + left_most) * (1 - present),
+                           f"weight_first_{k}_{b}")
         if run.size > 1 and first + held > peak:
             twice = pulp.LpVariable(f"d_{k}_{b}", cat="Binary")
             problem.lp += count <= 1 + (run.size - 1) * twice, f"weight_twice_{k}_{b}"
-            problem.lp += whole >= (first + held) * twice, f"weight_pair_{k}_{b}"
+            problem.lp += whole >= (first + held) * twice + under, f"weight_pair_{k}_{b}"
         if held > 0 or most > 0:
             into = pulp.LpVariable(f"C_{k}_{b}", lowBound=0)
             problem.lp += into >= held * present, f"weight_carry_{k}_{b}"
             if most > 0:
                 problem.lp += into >= carry - most * present, f"weight_carried_{k}_{b}"
             carry, most = into, max(most, held)
+        if stays > 0:
+            lefts.append(stays * count)
+            left_most += stays * run.size
     return whole
 
 
