@@ -1,7 +1,8 @@
 """What a unit's FSDP2 moments hold where the collectives are gloo's, beyond what fsdpunits charges from FSDP2's code:
 ckplan's runtime on the CPU (planner/runtime/launcher.py: gloo on the CPU, NCCL on CUDA; its record's
 cpu_collectives), so charged where the profile's device is the CPU under that record, nothing on a GPU, whose
-charges stay fsdpunits' (issue 33; docs/framework-facts.md §735, §839-§841).
+charges stay fsdpunits'; beside a pipeline (gathered._gloo_bytes: a stage's moments and the solvers' bound), where
+they were measured; one stage's moments stay as they were (issue 33; docs/framework-facts.md §735, §839-§841).
 
 - A unit's post-backward reduce-scatter (fsdpunits.layer_moment_bytes' `after`): FSDP2 copies the unit's gradients
   into the reduce-scatter input, drops them, allocates the output, 1/K of the input (torch 2.13.0
