@@ -139,15 +139,75 @@ def test_the_solvers_charge_fsdp2_over_a_frozen_front_as_the_score_does(front, s
         assert stage.predicted.peak_bytes == scored.peak_bytes
 
 
-# (ZeRO, stage 0's layers, stage 0's static by hand, what the plan charges over the measured peak)
+# What the last stage holds at its peak moment beside its shards (dp 2), by hand: its 4 microbatches' inputs received
+# (4 x 16 floats each) and targets (4 x 2), the 4 loss values and the loss's seed gradient, the stage output (4 x 2)
+# held to its backward's end
+LAST_STAGE_HELD = 4 * ROWS * 16 * FP32 + 4 * ROWS * 2 * FP32 + 4 * 4 + 4 + ROWS * 2 * FP32
+# Layer 3 alone (34 parameters, 136 B), ZeRO 3: at its reduce-scatter its input, gloo's clone, the output (1/2) and its
+# bias's gradient (2 floats) foreach_reduce still references; its input gradient being sent and the one just made;
+# the all-gather output of its pre-backward, which gloo's work may still hold (docs/framework-facts.md §839-§840)
+HEAD_ALONE_ZERO3_PEAK = (34 * FP32 // 2 * 4 + 2 * 4  # the shards of its weights, gradient, Adam's m and v; 2 step counts
+                         + LAST_STAGE_HELD + 2 * ROWS * 16 * FP32
+                         + 136 + 136 + 136 // 2 + 2 * FP32
+                         + 136)
+# Layers 2 and 3, ZeRO 3, at layer 2's reduce-scatter (272 parameters, 1,088 B): its input, gloo's clone, the output
+# and its bias's gradient (16 floats); no input gradient (its input needs none), nothing lingering (it was prefetched)
+TRAINED_STAGE_ZERO3_PEAK = ((272 + 34) * FP32 // 2 * 4 + 4 * 4 + LAST_STAGE_HELD
+                            + 1088 + 1088 + 1088 // 2 + 16 * FP32)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_gloo_holds_beside_fsdp2_at_the_last_stage(front, zero):
+    """dp 2 on gloo (a CPU profile): the last stage's planned peak, by hand, is its peak moment measured (the slow
+    launch below): 2,480 B for layer 3 alone (was 2,300: the reduce-scatter's output, the bias's gradient and the
+    lingering all-gather output not charged, nor the input gradient just made), 6,452 for layers 2 and 3 (was 6,236).
+    ZeRO 2 the same: its whole weights in static are resharded at each post-backward, and the forward's all-gather of
+    the model's last layer may linger as ZeRO 3's pre-backward one does."""
+    from planner.cost import gloowork
+
+    folder, profile = front
+    gpu = profile.model_copy(update={"device": profile.device.model_copy(update={"type": "cuda"})})
+    setup = io.load_plan(_solved(folder, "--dp", "2", "--zero", str(zero))).setup
+    titan = setup.model_copy(update={"training": setup.training.model_copy(update={"runtime": "torchtitan"})})
+    # NCCL's moments stay fsdpunits' alone, and a GPU framework's on a CPU profile
+    assert gloowork.runs_gloo(profile, setup) and not gloowork.runs_gloo(gpu, setup)
+    assert not gloowork.runs_gloo(profile, titan)
+    assert io.load_plan(_cut(folder, profile, zero, ["0", "1", "2"])).stages[1].predicted.peak_bytes \
+        == HEAD_ALONE_ZERO3_PEAK == 2480
+    assert io.load_plan(_cut(folder, profile, zero, ["0", "1"])).stages[1].predicted.peak_bytes \
+        == TRAINED_STAGE_ZERO3_PEAK == 6452
+
+
+def test_what_gloo_holds_beside_a_unit_by_hand():
+    """gloowork's two charges on a unit of 1,000 parameters whose last tensor has 10, fp32, dp 4: beside the
+    reduce-scatter's clone its output (1,000 / 4 x 4 B) and the last gradient (10 x 4 B), under HSDP (2 shard groups of
+    2) the output being HSDP's own kept one; the lingering all-gather output at ZeRO 3 on a stage of one unit only, at
+    ZeRO 2 on the model's last layer only. Nothing where the profile's device is a GPU (NCCL: no clone)."""
+    from test_costmodel import setup as train_setup
+
+    from planner.cost import gloowork
+
+    setup, hsdp, zero2 = (train_setup(1, dp=4, zero=3), train_setup(1, dp=4, zero=3, shard_group=2),
+                          train_setup(1, dp=4, zero=2))
+    assert gloowork.reduce_scatter_beside_bytes(1000, 10, setup) == 1000 / 4 * FP32 + 10 * FP32 == 1040
+    assert gloowork.reduce_scatter_beside_bytes(1000, 10, hsdp) == 10 * FP32
+    assert [gloowork.backward_all_gather_bytes(4000, setup, model_last=last, one_unit=one)
+            for last, one in ((False, True), (True, False), (False, False))] == [4000, 0, 0]
+    assert [gloowork.backward_all_gather_bytes(4000, zero2, model_last=last, one_unit=one)
+            for last, one in ((True, False), (False, True))] == [4000, 0]
+
+
+# (ZeRO, stage 0's layers, stage 0's static by hand, what the plan charges over the measured peak: typical, rare)
 SHARDED = [
     # the shards (dp 2) of every weight, of layer 2's gradient and Adam's m and v, its 2 step counts (4 B each)
     # and, under ZeRO 2, every layer's weights whole (gathered in the forward, frozen ones too)
-    (2, ["0", "1", "2"], (416 + 272) * FP32 + (416 + 272) * FP32 // 2 + 272 * (4 + 8) // 2 + 2 * 4, 0),
-    (3, ["0", "1", "2"], (416 + 272) * FP32 // 2 + 272 * (4 + 8) // 2 + 2 * 4, ROWS * 16 * FP32),
+    (2, ["0", "1", "2"], (416 + 272) * FP32 + (416 + 272) * FP32 // 2 + 272 * (4 + 8) // 2 + 2 * 4, (0,)),
+    # charged at layer 2's reduce-scatter with layer 1's prefetched all-gather output, which FSDP2 drops before it but
+    # gloo's work holds in some runs (9,448 B measured, §840); 9,096 in the others, layer 2's backward
+    (3, ["0", "1", "2"], (416 + 272) * FP32 // 2 + 272 * (4 + 8) // 2 + 2 * 4, (352, 0)),
     # never resharded (no backward, so no post-backward): the weights whole and their shards
-    (2, ["0", "1"], 416 * FP32 + 416 * FP32 // 2, 2 * ROWS * 16 * FP32),
-    (3, ["0", "1"], 416 * FP32 // 2, 0),
+    (2, ["0", "1"], 416 * FP32 + 416 * FP32 // 2, (2 * ROWS * 16 * FP32,)),
+    (3, ["0", "1"], 416 * FP32 // 2, (0,)),
 ]
 
 
@@ -170,7 +230,11 @@ def test_ckplans_runtime_shards_frozen_layers_as_charged(front, zero, first, sta
     report = run_plan(plan, plan_file=path, steps=1, warmup_steps=0)
     stage = report.stages[0]
     assert stage.measured.static_bytes == stage.predicted.static_bytes == static
-    assert stage.predicted.peak_bytes - stage.measured.peak_bytes == over
+    assert stage.predicted.peak_bytes - stage.measured.peak_bytes in over
+    # the last stage never under: layers 2 and 3 exact; layer 3 alone 0-136 B over (gloo's all-gather output held
+    # through its backward and reduce-scatter in some runs, charged: HEAD_ALONE_ZERO3_PEAK)
+    last = report.stages[1]
+    assert 0 <= last.predicted.peak_bytes - last.measured.peak_bytes <= (136 if len(first) == 3 else 0)
     if first == ["0", "1"] and zero == 3:
         assert stage.measured.peak_bytes == FROZEN_STAGE_ZERO3_PEAK
     diffs = against_reference(plan, report, plan_file=path, seed=0)

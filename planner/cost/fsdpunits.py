@@ -139,6 +139,15 @@ def _units(params: Sequence[float], grouping: str, tied: Sequence[Sequence[int]]
     return units, first, last, unit_params
 
 
+def own_unit(params: Sequence[float], fp8: Sequence[float], i: int, *, grouping: str,
+             tied: Sequence[Sequence[int]] = (), **_) -> tuple[float, float]:
+    """Layer i's unit's parameters on the rank and its Float8 weights among them (the units' arguments as
+    layer_moment_bytes takes them)."""
+    units = unit_of_layers(len(params), grouping, tied)
+    return (sum(p for p, u in zip(params, units) if u == units[i]),
+            sum(f for f, u in zip(fp8, units) if u == units[i]))
+
+
 def _gathered(params, fp8, units, chosen: set[int], setup: TrainSetup) -> float:
     """The units `chosen` gathered: 0 under ZeRO 2, whose weights stay gathered from their forward to their
     post-backward and are charged whole in static (dataparallel.bytes_per_param)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import chunkedloss, dataparallel, fsdpunits, megatron_fsdp
+from planner.cost import chunkedloss, dataparallel, fsdpunits, gloowork, megatron_fsdp, rules
 from planner.cost.deepspeed_terms import charged as deepspeed_charged
 from planner.cost.layers import LayerCost
 from planner.cost.rules import layer_extra_bytes, runtime_facts
@@ -103,7 +103,7 @@ def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup
         stray = max(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f in zip(params, fp8))
     return _moment_extra(layer, option, profile, setup, kept_bytes(), params, fp8, index, units,
                          model_last=index == len(profile.layers) - 1, every_end=piped, stray=stray,
-                         copy_back=piped and setup.data_parallel.zero >= 3)
+                         copy_back=piped and setup.data_parallel.zero >= 3, one_unit=True if piped else None)
 
 
 def stage_unit_moments(layers: Sequence[LayerCost], options: Sequence[int], per_layer: list[dict], *, stage: int,
@@ -136,8 +136,8 @@ def stage_unit_moments(layers: Sequence[LayerCost], options: Sequence[int], per_
     for j, (layer, option, values) in enumerate(zip(layers, options, per_layer)):
         kept = values["kept"]
         backward, forward = _moments(layer, option, profile, setup, kept, params, fp8, j, units,
-                                     model_last=last and j == len(layers) - 1, every_end=True,
-                                     copy_back=j == 0 and not zero2)
+                                     model_last=last and layer.name == profile.layers[-1].name, every_end=True,
+                                     copy_back=j == 0 and not zero2, opens=j == 0)
         if zero2:  # each unit resharded at its post-backward (TimedStage's set_reshard_after_backward, §399)
             resharded = sum(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f in zip(params[j + 1:], fp8[j + 1:]))
             own = dataparallel.gathered_bytes(params[j], setup, fp8_count=fp8[j])
@@ -203,7 +203,8 @@ def neighbour_moments(layer: LayerCost, option: int, kept: float, *, profile: Pr
     near, near_fp8, j = params[lo:hi], fp8[lo:hi], index - lo
     zero2 = setup.data_parallel.zero < 3
     backward, forward = _moments(layer, option, profile, setup, kept, near, near_fp8, j, units, model_last=model_last,
-                                 every_end=True, copy_back=opens and not zero2)
+                                 every_end=True, copy_back=opens and not zero2, opens=opens,
+                                 one_unit=False if alone else None)
     if zero2:  # as stage_unit_moments: the units after it resharded at their post-backward, its own at its own
         resharded = sum(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f in zip(near[j + 1:], near_fp8[j + 1:]))
         own = dataparallel.gathered_bytes(near[j], setup, fp8_count=near_fp8[j])
@@ -224,20 +225,31 @@ def later_backward_bytes(units_of, index: int, setup: TrainSetup) -> float:
 
 def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,
              params: Sequence[float], fp8: Sequence[float], index: int, units: dict, *, model_last: bool,
-             every_end: bool = False, stray: float = 0.0, copy_back: bool = False) -> tuple[list[float], list[float]]:
+             every_end: bool = False, stray: float = 0.0, copy_back: bool = False,
+             opens: bool = False, one_unit: bool | None = None) -> tuple[list[float], list[float]]:
     """Layer `index`'s moments among `params` (the model's layers, or a stage's) as extras of the layer, each
     beside what the layer itself holds then: its backward's start, end and post-backward with `stray` bytes
     beside them, and its forward's copy-out and end (fsdp_unit_layer_bytes). `copy_back` (ZeRO 3, a stage's
     first layer, which no unit of its stage prefetches for): a fourth backward moment, its own copy-out in its
-    pre-backward, its all-gather output beside its unsharded weights, before its backward scratch (§436)."""
+    pre-backward, its all-gather output beside its unsharded weights, before its backward scratch (§436). `opens`: the
+    layer opens its stage beside a pipeline, its saved input the stage's receive buffer or batch slice (counted in
+    buffers, not in the stage's kept: rules.first_layer_kept_bytes), not freed by its backward's end. Where the
+    collectives are gloo's, what its work holds beside (_gloo_bytes; `one_unit`: whether its stage is one unit, None
+    read from `params`: True for a bound over every place, False for the least of every place's)."""
     start, end, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
+    lingering, beside = _gloo_bytes(layer, profile, setup, params, fp8, index, units, model_last=model_last,
+                                    one_unit=one_unit, piped=every_end)
+    after += beside if after else 0.0
     start, end, after = start + stray, end + stray, after + (stray if after else 0.0)
     if model_last:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
         end, after = (a - b for a, b in zip((end, after), chunkedloss.head_grads_reduced_in_loss(profile, setup)))
     copy_out, forward_end = fsdpunits.forward_bytes(params, fp8, index, setup, every_end=every_end, **units)
     scratch = layer_extra_bytes(layer, option)
-    done = scratch + kept - layer.input_bytes  # freed by the end of its backward, its input's gradient made
-    backward = [start, end - done, after - done]
+    # freed by the end of its backward (its saved input where the stage's kept holds it), its input's gradient made
+    # (none where its input needs none, §730)
+    freed = kept + (rules.first_layer_kept_bytes(layer, setup) if opens else 0)
+    done = scratch + freed - (layer.input_bytes if layer.input_grad else 0)
+    backward = [start + lingering, end - done + lingering, after - done + (lingering if after else 0.0)]
     if copy_back:
         backward.append(start - stray + dataparallel.gathered_bytes(params[index], setup, fp8_count=fp8[index]) - scratch)
     forward = [copy_out - kept - scratch, forward_end - scratch]
@@ -249,12 +261,33 @@ def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup,
     return backward, forward
 
 
+def _gloo_bytes(layer: LayerCost, profile: Profile, setup: TrainSetup, params: Sequence[float], fp8: Sequence[float],
+                index: int, units: dict, *, model_last: bool, one_unit: bool | None,
+                piped: bool) -> tuple[float, float]:
+    """(lingering, beside): what gloo holds beyond fsdpunits' moments where the collectives are gloo's (gloowork.py)
+    beside a pipeline (`piped`: the stage's moments, every_end), 0, 0 elsewhere: the unit's all-gather output its
+    work may still hold through the layer's backward and post-backward (gloowork.backward_all_gather_bytes), and
+    beside the post-backward's reduce-scatter its output and the unit's last gradient
+    (gloowork.reduce_scatter_beside_bytes). One stage's moments are left as they were: measured within 2% without
+    them (tests/test_dp_runtime.py), their reduce-scatter moment charged differently (not read here: §841)."""
+    if not piped or not gloowork.runs_gloo(profile, setup):
+        return 0.0, 0.0
+    own, own_fp8 = fsdpunits.own_unit(params, fp8, index, **units)
+    if one_unit is None:
+        one_unit = len(set(fsdpunits.unit_of_layers(len(params), units["grouping"], units["tied"]))) == 1
+    lingering = gloowork.backward_all_gather_bytes(dataparallel.gathered_bytes(own, setup, fp8_count=own_fp8), setup,
+                                                   model_last=model_last, one_unit=one_unit)
+    return lingering, gloowork.reduce_scatter_beside_bytes(own, layer.last_trained_param_count, setup)
+
+
 def _moment_extra(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,
                   params: Sequence[float], fp8: Sequence[float], index: int, units: dict, *, model_last: bool,
-                  every_end: bool = False, stray: float = 0.0, copy_back: bool = False) -> int:
+                  every_end: bool = False, stray: float = 0.0, copy_back: bool = False,
+                  one_unit: bool | None = None) -> int:
     """The largest of _moments."""
     backward, forward = _moments(layer, option, profile, setup, kept, params, fp8, index, units,
-                                 model_last=model_last, every_end=every_end, stray=stray, copy_back=copy_back)
+                                 model_last=model_last, every_end=every_end, stray=stray, copy_back=copy_back,
+                                 one_unit=one_unit)
     return int(round(max(*backward, *forward)))
 
 

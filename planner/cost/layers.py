@@ -69,6 +69,7 @@ class LayerCost:
     # cpu: (threads, (optimizer, ms) pairs) at each count the profile timed, its own threads' step_ms among them
     step_thread_ms: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = ()
     largest_param_count: int = 0  # its largest parameter tensor; 0: not known
+    last_trained_param_count: int = 0  # its last trained parameter tensor; 0: not known (gloowork.py)
     param_tensors: int = 0  # its trained parameter tensors; 0: not known (stepcounts.py)
     lookup_param_count: int = 0  # of param_count, its embedding lookups' tables (the profile's; 0: none)
     recompute_ms: float | None = None  # None: not measured, a whole forward
@@ -241,6 +242,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             expert_transient_bytes=max(item.expert_transient_bytes for item in same),
             weight_grad_transient_bytes=max(item.weight_grad_transient_bytes or 0 for item in same),
             largest_param_count=max(item.largest_param_count or 0 for item in same),
+            last_trained_param_count=max(item.last_trained_param_count or 0 for item in same),
             param_tensors=max(item.param_tensors for item in same),
             lookup_param_count=max(item.lookup_param_count for item in same),
             buffer_bytes=max(item.buffer_bytes for item in same),

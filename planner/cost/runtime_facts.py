@@ -57,12 +57,10 @@ class RuntimeFacts:
     each TransformerBlock); False: it runs them eager whatever its config says, and --compile is refused, saying `runs_instead`."""
     runs_instead: str
     """What the runtime runs in place of a compiled model (the refusal of --compile says it); empty where it compiles."""
-
     # -- saved tensors under TP/SP
     tp_saves_gathered_input: bool
     """Under TP with sequence parallelism the column-parallel linears save their all-gathered input
     whole (DTensor's ColwiseParallel redistributes to Replicate), not the 1/TP sequence shard."""
-
     # -- pipeline buffers
     stage_input_in_receive_buffer: bool
     """The stage's first layer saves its receive buffer (or the batch slice) itself: the input is
@@ -94,7 +92,6 @@ class RuntimeFacts:
     """The runtime's setting that overlaps TP's all-gathers / reduce-scatters with the matmuls, as `--tp-overlap`
     names it ("async-tp": torchtitan's AsyncTP; "tp-comm-overlap": Transformer Engine's userbuffers under
     Megatron-LM); None: it has none. Read only where the setup asks for it (planner/cost/comm.py)."""
-
     # -- workspaces
     cublas_workspace_bytes: int | None
     """cuBLAS workspace per handle the runtime's published runs configure (None: not sourced)."""
@@ -495,6 +492,9 @@ class RuntimeFacts:
     fsdp_gathered_from_forward: tuple[str, ...] = ()
     """The units kept gathered from their forward to the end of their backward without a pipeline,
     each named by a layer it holds: "first", "last", "before-last" (fsdpunits.gathered_from_forward)."""
+    cpu_collectives: str = ""
+    """The collectives' library where the device is the CPU: "gloo" (ckplan's runtime, what its work holds beside
+    FSDP2's moments: planner/cost/gloowork.py); "" where the runtime runs on GPUs alone (NCCL)."""
 
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""

@@ -339,6 +339,7 @@ def megatron() -> RuntimeFacts:
                           f"planner/cost/megatron_fsdp.py reads them from megatron_fsdp/megatron_fsdp.py and "
                           f"param_and_grad_buffer.py at {MEGATRON_FSDP_V} (docs/framework-facts.md §114); ZeRO 2 "
                           f"(optim_grads) keeps the largest-layer term (its gradient buckets not read)",
+            "cpu_collectives": "NCCL: the framework trains on GPUs alone",
             "fsdp_gathered_from_forward": "Megatron-FSDP's non-unit modules, gathered from their first forward to the "
                                           "step (planner/cost/megatron_fsdp.py), not FSDP2's units",
             "adam_step_scratch": f"megatron/core/optimizer/__init__.py 14-20 (TE / apex FusedAdam), {MEGATRON_V}",

@@ -185,6 +185,7 @@ def torchtitan(version: str) -> RuntimeFacts:
             **BRIDGE_SETTINGS_NOT_READ, "te_moe_experts_kept": EAGER_MOE_KEPT, **runtime_fp16.not_trained(runtime_fp16.TITAN_REFUSED),
             "wgrad_in_gemm": EAGER_WGRAD,
             "fsdp_units": _TITAN_UNITS[version][2],
+            "cpu_collectives": "NCCL: the framework trains on GPUs alone",
             "fsdp_gathered_from_forward": _TITAN_UNITS[version][2],
             "cp_comm": f"torch/distributed/tensor/experimental/_context_parallel/_attention.py 77 (_cp_options."
                        f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "

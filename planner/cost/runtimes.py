@@ -84,8 +84,9 @@ def _ckplan() -> RuntimeFacts:
         compiles_model=False, runs_instead=_NO_MODEL_COMPILE["ckplan"][0],
         **TORCH_PIPELINING, recompute_whole_forward=False,
         overlaps_grad_reduce=False, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
-        step_replayed=True, fsdp_units="per-layer",
+        step_replayed=True, fsdp_units="per-layer", cpu_collectives="gloo",
         sources={
+            "cpu_collectives": "planner/runtime/launcher.py run_plan: gloo where the device is the CPU, NCCL on CUDA",
             "step_replayed": "planner/cost/reserve.py replays planner/runtime/replay.py's and stagemodule.py's step",
             "fsdp2_step_replayed": "ckplan's runtime shards with its own data parallelism (planner/runtime), not FSDP2's step",
             "megatron_step_replayed": "ckplan's runtime is not Megatron-LM: reserve.py replays its own step (step_replayed)",
@@ -189,6 +190,7 @@ def _deepspeed_newest() -> RuntimeFacts:
                           f"634-664, {_DS_V}; framework-facts §103, §105): no units, its coordinator simulated over the "
                           f"block's submodules at the setup's stage3 knobs (planner/cost/deepspeed_terms.py) where "
                           f"ckplan knows them (an analytic GPT block), the largest-layer term elsewhere",
+            "cpu_collectives": "NCCL: the framework trains on GPUs alone",
             "fsdp_gathered_from_forward": "not read (the largest-layer term)",
             "adam_step_scratch": "deepspeed/runtime/engine.py _configure_basic_optimizer: FusedAdam for type Adam "
                                  "(multi-tensor, in place) unless torch_adam",
@@ -275,6 +277,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "zero1_whole_tensors": f"colossalai/zero/low_level (flat, even partition), {_CAI_V}",
             "zero_as_fsdp2": "ColossalAI's own ZeRO / Gemini",
             "fsdp_units": "Gemini gathers whole chunks, not read as units: the largest-layer term kept",
+            "cpu_collectives": "NCCL: the framework trains on GPUs alone",
             "fsdp_gathered_from_forward": "not read (the largest-layer term)",
             "adam_step_scratch": "examples/language/llama2/benchmark.py HybridAdam(model.parameters()), 068372a7; "
                                  "colossalai/nn/optimizer/hybrid_adam.py (fused multi-tensor Adam on the GPU)",

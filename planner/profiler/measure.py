@@ -346,6 +346,7 @@ class _TimedLayer:
             param_count=sum(p.numel() for p in params),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0),
+            last_trained_param_count=next((p.numel() for p in reversed(params) if p.requires_grad), 0),
             param_tensors=sum(p.requires_grad for p in params),
             trained_param_count=sum(p.numel() for p in params if p.requires_grad),
             input_requires_grad=input_requires_grad,

@@ -307,6 +307,9 @@ class LayerProfile(Strict):
     # its largest parameter tensor (measured profiles; None in analytic ones and older
     # profiles): ZeRO 1 on ckplan's runtime gives each rank whole tensors
     largest_param_count: Count | None = None
+    # its last trained parameter tensor (measured and fake profiles; None in analytic ones and older profiles): FSDP2's
+    # foreach_reduce keeps its unsharded gradient referenced through the reduce-scatter (planner/cost/gloowork.py)
+    last_trained_param_count: Count | None = None
     # of param_count, its embedding lookups' tables (nn.Embedding's in measured and fake profiles; an analytic
     # profile's embedding layer): their gradient is the lookup's backward's, never a linear's wgrad GEMM, so a
     # runtime's hook adds it whatever fuses the linears' (planner/cost/jobsettings.py). 0 elsewhere and in profiles
