@@ -240,3 +240,20 @@ def test_a_measured_hf_config_profile_records_its_sequence_length(tmp_path, monk
     run_ok("export", "plan.yaml", "--to", "torchtitan", "--torchtitan-version", "0.2.2", "--out", "titan.toml")
     text = (tmp_path / "titan.toml").read_text()
     assert "seq_len = 16" in text and "example_batch()" not in text
+
+
+def test_a_second_profile_of_one_config_under_other_settings_keeps_the_first_model_file(tmp_path, monkeypatch):
+    """Profiling one config again with another --hf-set (or --seq-len) rewrote hf_<config>.py, which the first
+    profile and its plans run: `launch` then refused the first plan as stale. Each settings' file is kept."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(CONFIGS["llama"]))
+    common = ("--seq-len", "16", "--micro-batch-size", "2", "--repeats", "1", "--warmup", "0", "--threads", "1")
+    run_ok("profile", "--hf-config", "config.json", *common, "--out", "a.json")
+    first = io.load_profile(tmp_path / "a.json").model
+    run_ok("profile", "--hf-config", "config.json", "--hf-set", "num_hidden_layers=3", *common, "--out", "b.json")
+    second = io.load_profile(tmp_path / "b.json").model
+    assert second.file != first.file and second.sha256 != first.sha256
+    run_ok("solve", "--profile", "a.json", "--stages", "2", "--mem", "1GB", "--microbatches", "2", "--out", "plan.yaml")
+    run_ok("validate", "plan.yaml")  # runs the first model file: not stale
+    run_ok("profile", "--hf-config", "config.json", *common, "--out", "c.json")  # the first settings: its own file
+    assert io.load_profile(tmp_path / "c.json").model == first

@@ -4,6 +4,7 @@ profile, and measures it; `launch`, `compare` and `--reference` then run that fi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -55,7 +56,8 @@ def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | Non
                         f"kernel takes bfloat16 only (torch 2.13), not --dtype {dtype}: use --dtype bfloat16, or "
                         "profile without --fake (a smaller --hf-set config)")
     tag = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_").lower() or config["model_type"]
-    path = (out.parent if out is not None else Path("profiles")) / f"hf_{tag}.py"
+    text = hfmodels.model_file_text(config, seq_len=seq_len, source=source)
+    path = _model_path((out.parent if out is not None else Path("profiles")), tag, text)
     # every check of --out, and of the model file's own path, before the model file is written:
     # a refused run leaves nothing behind, and nothing is written beside an --out that cannot be
     config_file = Path(source) / "config.json" if Path(source).is_dir() else Path(source)
@@ -63,7 +65,7 @@ def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | Non
     if path.exists() and not hfmodels.is_generated(path):
         raise UserError(f"{path} exists and was not written by ckplan; move it, or give --out in another folder")
     created = not path.exists()
-    io.write_atomic(path, hfmodels.model_file_text(config, seq_len=seq_len, source=source))
+    io.write_atomic(path, text)
     if created:
         _remove_unless_profiled(path)
     info(f"wrote {path}: the {config['model_type']} model of {source} (random weights, {seq_len} tokens), the "
@@ -75,6 +77,17 @@ def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | Non
              "(num_nextn_predict_layers) are not planned: transformers' causal LM trains none (it builds them for "
              "generation's speculative decoding only), so the profile is the main model's")
     return path, config
+
+
+def _model_path(folder: Path, tag: str, text: str) -> Path:
+    """hf_TAG.py, unless ckplan wrote that file for other settings (--hf-set, --seq-len) which an earlier
+    profile and its plans run: then hf_TAG_HASH.py, named by what it holds, so neither is overwritten."""
+    from planner.models import hfmodels
+
+    path = folder / f"hf_{tag}.py"
+    if not (path.exists() and hfmodels.is_generated(path)) or path.read_text(encoding="utf-8") == text:
+        return path
+    return folder / f"hf_{tag}_{hashlib.sha256(text.encode()).hexdigest()[:8]}.py"
 
 
 def _remove_unless_profiled(path: Path) -> None:
