@@ -2,7 +2,6 @@
 stage_backward_weight keeps one parameter group's weight gradients bound while the next group's run, so a
 layer's first group peaks on top of what the layer before leaves."""
 
-import itertools
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from planner.models.synthetic import layer, profile_of
 from planner.profiler.splitbackward import split_backward_bytes
 from planner.schema import StagePlan, TrainSetup
 from planner.schema.profile import RecomputeOption
+from scripts.milp_carry_brute import cap_setup, every_plan, roomy_setup
 
 KIB = 1024
 
@@ -120,18 +120,11 @@ def _check_chunked_milp_against_brute_force(carries, leasts):
     profile = heterogeneous(6, seed=0)
     profile = profile.model_copy(update={"layers": [item.model_copy(update={"recompute_options": options(item, carry)})
                                                     for item, carry in zip(profile.layers, carries)]})
-    roomy = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="ZBV", chunks=2, mem_caps_bytes=[2**50] * 2)
-    plans = []
-    for cuts in itertools.combinations(range(1, 6), 3):
-        for mask in range(2**6):
-            stages = costmodel.split_to_stages([0, *cuts], [mask >> i & 1 for i in range(6)], profile)
-            plans.append((stages, max(costmodel.evaluate(costmodel.ranks_of(stages, roomy), profile, roomy)
-                                      .peak_bytes_per_stage)))
-    low, high = min(p for _, p in plans), max(p for _, p in plans)
+    roomy = roomy_setup()  # 2 ranks x 2 chunks under ZBV, 4 microbatches
+    plans = every_plan(profile, roomy)
     for fraction, least in zip((0.2, 0.4, 0.6), leasts):
-        setup = roomy.model_copy(update={"mem_caps_bytes": [int(low + fraction * (high - low))] * 2})
-        fitting = [costmodel.chunked_linear_ms(costmodel.ranks_of(stages, setup), profile, setup)
-                   for stages, peak in plans if peak + costmodel.FIT_MARGIN_BYTES <= setup.pipeline.mem_caps_bytes[0]]
+        setup = cap_setup(plans, roomy, fraction)
+        fitting = [time for _, time, peak in plans if peak + costmodel.FIT_MARGIN_BYTES <= setup.pipeline.mem_caps_bytes[0]]
         assert min(fitting) == pytest.approx(least, rel=1e-8)
         problem = milp.build_problem(profile, setup)
         assert milp.solve(problem, mip_gap=0.0, threads=1).objective == pytest.approx(least, rel=1e-6), fraction
