@@ -1,0 +1,100 @@
+"""An untied token embedding alone on its pipeline stage under ZeRO 2 (FSDP2 on gloo, ckplan's runtime;
+tests/fixtures/embed_table.py: nn.Embedding 64 x 32, two residual MLPs, a 32 x 64 head). Its one tensor is the
+layer's last trained one: foreach_reduce keeps its dense, whole gradient past gloo's reduce-scatter wait (§839), which
+gathered._gloo_bytes charges from the profile's last_trained_param_count. A profile made before that field was
+recorded (64c3c73a) charged none: stage 0 one table's fp32 bytes under (OLMo 2 tiny: 524,288 B, §67.embedzero)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fixtures.cli import run_ok
+
+from planner import io
+from planner.cost.layers import layer_costs
+
+EMBED_FILE = Path(__file__).parent / "fixtures" / "embed_table.py"
+VOCAB, DIM, HIDDEN, FP32 = 64, 32, 64, 4
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("table")
+    (folder / "model.py").write_text(EMBED_FILE.read_text())
+    run_ok("profile", folder / "model.py", "--micro-batch-size", "2", "--threads", "1", "--repeats", "1",
+           "--warmup", "0", "--out", folder / "p.json")
+    raw = json.loads((folder / "p.json").read_text())
+    for layer in raw["layers"]:  # as a profile written before the field was recorded
+        del layer["last_trained_param_count"]
+    (folder / "old.json").write_text(json.dumps(raw))
+    run_ok("solve", "--profile", folder / "p.json", "--mem", "100MiB", "--stages", "2", "--microbatches", "4",
+           "--dp", "2", "--zero", "2", "--out", folder / "plan.yaml")
+    return folder
+
+
+def test_a_profile_without_the_last_tensor_charges_its_largest(table):
+    """Recorded: the embedding's one table (64 x 32), each block's second Linear's bias (32), the head's weight. Not
+    recorded: each layer's largest tensor (a block's 64 x 32 weights), which bounds its last; before, 0. So the
+    embedding's post-backward charges beside gloo's clone the reduce-scatter's output, half the table (dp 2), and the
+    table's gradient: 2,048 x 4 / 2 + 2,048 x 4 = 12,288 B."""
+    from test_costmodel import setup as train_setup
+
+    from planner.cost import gloowork
+
+    recorded = [c.last_trained_param_count for c in layer_costs(io.load_profile(table / "p.json"))]
+    old = [c.last_trained_param_count for c in layer_costs(io.load_profile(table / "old.json"))]
+    assert recorded == [VOCAB * DIM, DIM, DIM, VOCAB * DIM]
+    assert old == [VOCAB * DIM, HIDDEN * DIM, HIDDEN * DIM, VOCAB * DIM]
+    zero2 = train_setup(2, dp=2, zero=2)
+    assert gloowork.reduce_scatter_beside_bytes(VOCAB * DIM, old[0], zero2) == 2048 * FP32 // 2 + 2048 * FP32 == 12288
+
+
+def test_a_profile_without_the_last_tensor_never_charges_less(table):
+    """Stage 0 the embedding alone: the old profile charged 8,192 B (its table) less than the recorded one; now the
+    same; each stage at least what the recorded profile charges wherever it cuts."""
+    plan = io.load_plan(table / "plan.yaml")
+    for cut in (1, 2, 3):
+        new, old = (_cut(table, name, cut, plan.setup) for name in ("p.json", "old.json"))
+        assert all(o >= n for o, n in zip(old, new))
+        if cut == 1:
+            assert old[0] == new[0]
+
+
+def _cut(folder: Path, profile_name: str, cut: int, setup) -> list[int]:
+    from planner.cost import costmodel
+    from planner.schema import StagePlan
+
+    profile = io.load_profile(folder / profile_name)
+    names = [layer.name for layer in profile.layers]
+    stages = [StagePlan(index=0, layers=names[:cut]), StagePlan(index=1, layers=names[cut:])]
+    return [stage.peak_bytes for stage in costmodel.evaluate(stages, profile, setup).stages]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile_name", ["p.json", "old.json"])
+def test_an_embedding_alone_on_its_stage_is_never_under(table, profile_name):
+    """dp 2, ZeRO 2 on gloo, stages [embed] | [blocks, head]: stage 0's peak is the table's reduce-scatter (its
+    gradient, the reduce-scatter input, gloo's clone, the output), charged exactly from either profile (from the old
+    one, before: 8,192 B under)."""
+    import hashlib
+
+    from planner.cost import costmodel
+    from planner.cost.assembly import with_predictions
+    from planner.runtime.launcher import run_plan
+    from planner.schema import StagePlan
+
+    solved = io.load_plan(table / "plan.yaml")
+    profile = io.load_profile(table / profile_name)
+    names = [layer.name for layer in profile.layers]
+    stages = [StagePlan(index=0, layers=names[:1]), StagePlan(index=1, layers=names[1:])]
+    pinned = solved.profile.model_copy(update={
+        "file": profile_name, "sha256": hashlib.sha256((table / profile_name).read_bytes()).hexdigest()})
+    plan = solved.model_copy(update={"profile": pinned, "stages": with_predictions(
+        stages, costmodel.evaluate(stages, profile, solved.setup))})
+    path = table / f"cut-{profile_name}.yaml"
+    io.save_plan(plan, path)
+    report = run_plan(io.load_plan(path), plan_file=path, steps=1, warmup_steps=1)
+    first = report.stages[0]
+    assert first.predicted.peak_bytes == first.measured.peak_bytes
