@@ -106,6 +106,8 @@ class LayerCost:
     # of transient_bytes, the gradient of its output its backward runs on (the profile's incoming_grad_bytes, by
     # kind: max(T) - max(T - r), the kind's transient being its layers' max): planner/cost/boundgrad.py
     incoming_grad_bytes: int = 0
+    # of transient_bytes, its forward's alone (the profile's, by kind; None where a layer of it records none)
+    forward_transient_bytes: int | None = None
     # of param_count, those this layer holds frozen (requires_grad False: the profile's param_count less its
     # trained_param_count; 0 where it records none): held as weights, no gradient nor optimizer state
     frozen_param_count: int = 0
@@ -247,6 +249,8 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             lookup_param_count=max(item.lookup_param_count for item in same),
             buffer_bytes=max(item.buffer_bytes for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
+            forward_transient_bytes=(None if any(item.forward_transient_bytes is None for item in same)
+                                     else max(item.forward_transient_bytes for item in same)),
             incoming_grad_bytes=max(item.transient_bytes for item in same)
             - max(item.transient_bytes - item.incoming_grad_bytes for item in same),
             recompute_ms=(None if any(item.recompute_ms is None for item in same)
