@@ -98,6 +98,18 @@ def test_a_blocks_forward_holds_its_all_gather_output_beside_its_own_peak(table)
     assert scratch > transient
 
 
+
+def test_a_fake_profile_records_the_forwards_transient_as_the_measured_one(table, tmp_path):
+    """The fake profiler counts the same forward extra on fake tensors (fake_wgrad.transient_parts): a block's second
+    Linear's output, 2 x 16 x 32 in its dtype (bf16 there: 2,048 B; the measured fp32 profile's 4,096), none for the
+    embedding and the head, whose outputs are what they keep."""
+    run_ok("profile", table / "model.py", "--fake", "--micro-batch-size", "2", "--out", tmp_path / "f.json")
+    fake = io.load_profile(tmp_path / "f.json")
+    assert fake.dtype == "bfloat16"
+    assert [layer.forward_transient_bytes for layer in fake.layers] == [0, 2 * 16 * 32 * 2, 2 * 16 * 32 * 2, 0]
+    measured = io.load_profile(table / "p.json")
+    assert [layer.forward_transient_bytes for layer in measured.layers] == [0, 2 * 16 * 32 * FP32, 2 * 16 * 32 * FP32, 0]
+
 # (profile, stage 0's layers, whether from an older profile, which charges no forward moment: 256 B under)
 LAUNCHES = [("p.json", 1, False), ("old.json", 1, False), ("p.json", 2, False), ("old.json", 2, True)]
 

@@ -247,8 +247,8 @@ def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup,
     scratch = layer_extra_bytes(layer, option)
     # its own unit's all-gather output lives through its forward (FSDP2 keeps it to the next unit's copy-out, and
     # gloo's work may hold it longer, §840) beside its forward's own peak: the profile's where it runs no
-    # recompute, else its transient, a bound; where the profile records none (synthetic, fake, analytic and older
-    # profiles, whose transients are their backwards') not charged, as before (§897)
+    # recompute, else its transient, a bound; where the profile records none (synthetic, analytic and older profiles,
+    # whose transients are their backwards') not charged, as before (§897)
     own_forward = layer.forward_transient_bytes if option == 0 else scratch
     during = [] if layer.forward_transient_bytes is None else \
         [fsdpunits.forward_bytes(params, fp8, index, setup, every_end=True, **units)[1] - scratch + own_forward]

@@ -335,7 +335,7 @@ class LayerProfile(Strict):
     # buffer, charged apart (rules.last_layer_buffer_bytes): the cost model takes it off the closing layer's
     # transient there (planner/cost/boundgrad.py). 0 in profiles made before: charged twice there, as before
     incoming_grad_bytes: Bytes = 0
-    forward_transient_bytes: Bytes | None = None  # of transient_bytes, the forward's (measured; None: gathered.py)
+    forward_transient_bytes: Bytes | None = None  # of transient_bytes, the forward's (measured, fake; else None)
     # optimizer step over this layer's parameters, once per iteration, per optimizer name (ms: measured
     # profiles, each optimizer's fastest of its rounds, measure.fastest_turns_ms); empty in profiles made
     # before it was measured: the step then costs 0
