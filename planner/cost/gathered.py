@@ -245,6 +245,13 @@ def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup,
         end, after = (a - b for a, b in zip((end, after), chunkedloss.head_grads_reduced_in_loss(profile, setup)))
     copy_out, forward_end = fsdpunits.forward_bytes(params, fp8, index, setup, every_end=every_end, **units)
     scratch = layer_extra_bytes(layer, option)
+    # its own unit's all-gather output lives through its forward (FSDP2 keeps it to the next unit's copy-out, and
+    # gloo's work may hold it longer, §840) beside its forward's own peak: the profile's where it runs no
+    # recompute, else its transient, a bound; where the profile records none (synthetic, analytic and older profiles,
+    # whose transients are their backwards') not charged, as before (§897)
+    own_forward = layer.forward_transient_bytes if option == 0 else scratch
+    during = [] if layer.forward_transient_bytes is None else \
+        [fsdpunits.forward_bytes(params, fp8, index, setup, every_end=True, **units)[1] - scratch + own_forward]
     # freed by the end of its backward (its saved input where the stage's kept holds it), its input's gradient made
     # (none where its input needs none, §730)
     freed = kept + (rules.first_layer_kept_bytes(layer, setup) if opens else 0)
@@ -252,7 +259,7 @@ def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup,
     backward = [start + lingering, end - done + lingering, after - done + (lingering if after else 0.0)]
     if copy_back:
         backward.append(start - stray + dataparallel.gathered_bytes(params[index], setup, fp8_count=fp8[index]) - scratch)
-    forward = [copy_out - kept - scratch, forward_end - scratch]
+    forward = [copy_out - kept - scratch, forward_end - scratch, *during]
     if not layer.output_grad:
         # it runs no backward (its input and parameters need no gradient, §730): FSDP2 neither gathers it for one nor
         # reduces it (§733; the layer after it prefetching it is that layer's moment); its backward moments are its

@@ -106,6 +106,8 @@ class LayerCost:
     # of transient_bytes, the gradient of its output its backward runs on (the profile's incoming_grad_bytes, by
     # kind: max(T) - max(T - r), the kind's transient being its layers' max): planner/cost/boundgrad.py
     incoming_grad_bytes: int = 0
+    # of transient_bytes, its forward's alone (the profile's, by kind; None where a layer of it records none)
+    forward_transient_bytes: int | None = None
     # of param_count, those this layer holds frozen (requires_grad False: the profile's param_count less its
     # trained_param_count; 0 where it records none): held as weights, no gradient nor optimizer state
     frozen_param_count: int = 0
@@ -239,11 +241,13 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             expert_transient_bytes=max(item.expert_transient_bytes for item in same),
             weight_grad_transient_bytes=max(item.weight_grad_transient_bytes or 0 for item in same),
             largest_param_count=max(item.largest_param_count or 0 for item in same),
-            last_trained_param_count=max(item.last_trained_param_count or 0 for item in same),
+            last_trained_param_count=max(_last_trained_param_count(item) for item in same),
             param_tensors=max(item.param_tensors for item in same),
             lookup_param_count=max(item.lookup_param_count for item in same),
             buffer_bytes=max(item.buffer_bytes for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
+            forward_transient_bytes=(None if any(item.forward_transient_bytes is None for item in same)
+                                     else max(item.forward_transient_bytes for item in same)),
             incoming_grad_bytes=max(item.transient_bytes for item in same)
             - max(item.transient_bytes - item.incoming_grad_bytes for item in same),
             recompute_ms=(None if any(item.recompute_ms is None for item in same)
@@ -360,3 +364,14 @@ def tied_sets(profile: Profile) -> dict[str, tuple[tuple[int, int], ...]]:
         for name in item.layers:
             held[name] = (*held.get(name, ()), (item.param_count, len(item.layers)))
     return held
+
+
+def _last_trained_param_count(layer) -> int:
+    """The layer's last trained parameter tensor's elements (gathered._gloo_bytes: its unsharded gradient FSDP2's
+    foreach_reduce keeps past gloo's reduce-scatter wait, §839), as the profile records it; in a profile made before
+    it was recorded (64c3c73a), its largest tensor, else all its parameters: bounds of it, as that gradient is one of
+    the layer's tensors (issue 33: an untied embedding alone on its stage, whose one tensor is that gradient, was
+    524,288 B under on such a profile, docs/published-runs.md §67.embedzero)."""
+    if layer.last_trained_param_count is not None:
+        return layer.last_trained_param_count
+    return layer.largest_param_count if layer.largest_param_count is not None else layer.param_count

@@ -282,6 +282,7 @@ class _LayerRun:
     expert_transient: int = 0  # of transient, the routed experts' weight gradients'
     weight_grad_transient: int = 0  # of transient, autograd's fresh weight gradients' (fake_wgrad.py)
     incoming: int = 0  # of transient, the gradient of the output (transients._transient_parts)
+    forward: int | None = None  # of transient, the forward's own (fake_wgrad.transient_parts)
     split: dict[str, tuple[int, int, int, int, int, int]] | None = None  # option: splitbackward.split_backward_bytes
 
 
@@ -346,9 +347,9 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             # measure._transient_bytes's count, the same with the fresh weight gradients left out, and how much of
             # it is the incoming gradient, in one run; a layer running no backward: its forward's peak (§730)
             if trains:
-                transient, in_place, incoming = fake_wgrad.transient_parts(layer, x, grad)
+                transient, in_place, incoming, forward = fake_wgrad.transient_parts(layer, x, grad)
             else:
-                transient = in_place = forward_only_bytes(layer, x, tracker=lambda device: StorageTracker())
+                transient = in_place = forward = forward_only_bytes(layer, x, tracker=lambda device: StorageTracker())
                 incoming = 0
             fwd, bwd, recompute = _layer_work(layer, x, grad)
             linears.append(float8.module_linears(layer, x, name) if has_backward else [])
@@ -356,7 +357,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                                   *_run_options(layer, x, grad, fwd + bwd, has_backward),
                                   fake_moe.fake_routing(layer, x),
                                   fake_moe.expert_transient_bytes(layer, x, grad, transient),
-                                  transient - in_place, incoming))
+                                  transient - in_place, incoming, forward=forward))
             records.append(allocseq.layer_records(layer, x, grad, list(runs[-1].option_transients)))
             # the split backward's bytes, by the measured profiler's own function on the fake tensors (§886)
             runs[-1].split = split_per_option(layer, x, grad, [OPTION_NONE, OPTION_FULL, *runs[-1].option_transients],
@@ -394,6 +395,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             input_requires_grad=needs_grad[index],
             weight_grad_transient_bytes=run.weight_grad_transient,
             incoming_grad_bytes=run.incoming,
+            forward_transient_bytes=run.forward,
             lookup_param_count=lookup_param_count(layer), buffer_bytes=buffer_bytes(layer),
             step_ms=analytic.step_ms(trained, gpu), **_routing_fields(run),
             recompute_options=[

@@ -49,13 +49,14 @@ def transient_in_place(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | N
     """(the layer's transient as measure._transient_bytes counts it, the same with every weight gradient autograd
     hands a parameter's AccumulateGrad left out: as if accumulated in place). Each parameter needs its `.grad`
     made before, as fake.py makes it."""
-    transient, in_place, _incoming = transient_parts(layer, x, grad)
+    transient, in_place, _incoming, _forward = transient_parts(layer, x, grad)
     return transient, in_place
 
 
-def transient_parts(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None) -> tuple[int, int, int]:
+def transient_parts(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None) -> tuple[int, int, int, int]:
     """transient_in_place's two figures and, from the same run, how much of the transient is the incoming
-    gradient (transients._transient_parts' second figure: LayerProfile.incoming_grad_bytes)."""
+    gradient (transients._transient_parts' second figure: LayerProfile.incoming_grad_bytes), and the forward's
+    own extra (LayerProfile.forward_transient_bytes)."""
     run = logged_run(layer, x, grad, _Logged())
     live, peak = run.kept, run.kept
     for born, change in run.events[run.start:]:
@@ -65,7 +66,8 @@ def transient_parts(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None
     in_place = peak - run.kept + run.incoming
     fwd_extra, bwd_extra = run.fwd_extra, run.bwd_extra
     transient = max(0, fwd_extra, bwd_extra)
-    return transient, max(0, fwd_extra, in_place), transient - max(0, fwd_extra, bwd_extra - run.incoming)
+    return (transient, max(0, fwd_extra, in_place), transient - max(0, fwd_extra, bwd_extra - run.incoming),
+            max(0, fwd_extra))
 
 
 @dataclass

@@ -47,7 +47,7 @@ from planner.profiler.transients import (  # noqa: F401  (the fake profiler read
     _backward,
     _loss_transient_bytes,
     _transient_bytes,
-    _transient_parts,
+    _transient_passes,
     forward_only_bytes,
 )
 from planner.profiler.userfault import blame
@@ -257,6 +257,7 @@ class _TimedLayer:
     # figures measured wrong (a busy machine) replaced by the kind's median: fwd_ms, bwd_ms, recompute_ms
     fixed: dict[str, float] = field(default_factory=dict)
     incoming_grad_bytes: int = 0  # of transient_bytes, the incoming gradient (_transient_parts)
+    forward_transient_bytes: int | None = None  # the forward's alone (_transient_passes)
 
     @classmethod
     def prepare(cls, name: str, layer: nn.Module, x: torch.Tensor, output: torch.Tensor) -> _TimedLayer:
@@ -269,9 +270,9 @@ class _TimedLayer:
             x.grad = None
 
         reset_input_grad()
-        transient, incoming = _transient_parts(layer, x, grad)
+        transient, incoming, forward = _transient_passes(layer, x, grad)
         if not (x.requires_grad or any(param.requires_grad for param in layer.parameters())):
-            transient = forward_only_bytes(layer, x)  # it runs no backward and keeps nothing (§730)
+            transient = forward = forward_only_bytes(layer, x)  # it runs no backward and keeps nothing (§730)
         expert_transient = _expert_transient_bytes(layer, x, grad, transient)
         reset_input_grad()
         has_backward = grad is not None and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
@@ -287,7 +288,7 @@ class _TimedLayer:
         return cls(name, layer, x, output, transient, job, has_backward, option_transients=found,
                    option_failures=failed, expert_transient_bytes=expert_transient, grad=grad,
                    split=split_per_option(layer, x, grad, [OPTION_NONE, OPTION_FULL, *found]),
-                   incoming_grad_bytes=incoming)
+                   incoming_grad_bytes=incoming, forward_transient_bytes=forward)
 
     def failed_options(self, kind: str) -> list[str]:
         return [f"recompute option {name!r} fails on the {kind} layers ({self.name}: {why}); the profile leaves it out"
@@ -359,6 +360,7 @@ class _TimedLayer:
             expert_act_bytes=routing.expert_act_bytes if routing else 0,
             transient_bytes=self.transient_bytes,
             incoming_grad_bytes=self.incoming_grad_bytes,
+            forward_transient_bytes=self.forward_transient_bytes,
             step_ms=self.step_ms,
             step_thread_ms=self.step_thread_ms,
             recompute_options=options.recompute_options(

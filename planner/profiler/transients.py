@@ -27,10 +27,17 @@ def _transient_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | Non
 
 def _transient_parts(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, *,
                      tracker=memory_tracker) -> tuple[int, int]:
+    """(transient, incoming): _transient_passes' first two."""
+    return _transient_passes(layer, x, grad, tracker=tracker)[:2]
+
+
+def _transient_passes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, *,
+                      tracker=memory_tracker) -> tuple[int, int, int]:
     """(transient, incoming): the extra peak beyond what the layer keeps, the forward's peak over what is live at
     its end (saved tensors and output) or the backward's over that plus the incoming gradient, which is live
-    throughout the layer's backward; and how much of it that gradient is, the transient less the transient
-    without it (0 where the forward sets it): LayerProfile.incoming_grad_bytes. `tracker(device)`: how memory is
+    throughout the layer's backward; how much of it that gradient is, the transient less the transient
+    without it (0 where the forward sets it): LayerProfile.incoming_grad_bytes; and the forward's alone
+    (LayerProfile.forward_transient_bytes). `tracker(device)`: how memory is
     followed (the fake profiler's storages, whatever the device)."""
     with tracker(x.device) as memory:
         output = layer(x)
@@ -42,7 +49,7 @@ def _transient_parts(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | Non
         bwd_extra = memory.peak_bytes - kept_bytes + incoming
         del output
     transient = max(0, fwd_extra, bwd_extra)
-    return transient, transient - max(0, fwd_extra, bwd_extra - incoming)
+    return transient, transient - max(0, fwd_extra, bwd_extra - incoming), max(0, fwd_extra)
 
 
 def forward_only_bytes(layer: nn.Module, x: torch.Tensor, *, tracker=memory_tracker) -> int:

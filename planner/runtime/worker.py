@@ -220,8 +220,14 @@ class _Rank:
         return [torch.stack(losses).mean().item()] if losses else []
 
     def held_before_step(self) -> list:
-        """What exists before a step and lives through it: the tracker must be told."""
-        return [self.module, self.optimizer, self.inputs, self.targets,
+        """What exists before a step and lives through it: the tracker must be told. ZeroRedundancyOptimizer keeps its
+        partition's state in its local optimizer (`optim`), its own `state` empty, which is all MemTracker's
+        track_external reads (torch 2.13 mem_tracker.py 743-752): that one told too, as static_bytes counts it
+        (§898; an offloaded one's host copies are not on the device)."""
+        inner = getattr(self.optimizer, "optim", None)
+        local_state = [inner] if isinstance(inner, torch.optim.Optimizer) and not isinstance(inner, OffloadOptimizer) \
+            else []
+        return [self.module, self.optimizer, *local_state, self.inputs, self.targets,
                 *(buffer for stage in self.stages for buffer in stage.recv_buffers())]
 
     def fwd_ms(self) -> float:

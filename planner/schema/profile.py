@@ -304,8 +304,8 @@ class LayerProfile(Strict):
     # token copy's hidden state (tokens x top-k x hidden x dtype bytes at the profile's capacity
     # factor); the combine sends as much back. 0 elsewhere and in profiles made before
     a2a_bytes: Bytes = 0
-    # its largest parameter tensor (measured profiles; None in analytic ones and older
-    # profiles): ZeRO 1 on ckplan's runtime gives each rank whole tensors
+    # its largest parameter tensor (measured profiles; None in analytic ones and older profiles): ZeRO 1 on ckplan's
+    # runtime gives each rank whole tensors
     largest_param_count: Count | None = None
     # its last trained parameter tensor (measured and fake profiles; None in analytic ones and older profiles): FSDP2's
     # foreach_reduce keeps its unsharded gradient referenced through the reduce-scatter (planner/cost/gloowork.py)
@@ -335,6 +335,7 @@ class LayerProfile(Strict):
     # buffer, charged apart (rules.last_layer_buffer_bytes): the cost model takes it off the closing layer's
     # transient there (planner/cost/boundgrad.py). 0 in profiles made before: charged twice there, as before
     incoming_grad_bytes: Bytes = 0
+    forward_transient_bytes: Bytes | None = None  # of transient_bytes, the forward's (measured, fake; else None)
     # optimizer step over this layer's parameters, once per iteration, per optimizer name (ms: measured
     # profiles, each optimizer's fastest of its rounds, measure.fastest_turns_ms); empty in profiles made
     # before it was measured: the step then costs 0
