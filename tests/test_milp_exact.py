@@ -110,7 +110,7 @@ def _check_rows_against_evaluate(profile, cuts, mask):
         if not var.name.startswith(free):
             var.lowBound = var.upBound = values[var.name]
     problem.lp.setObjective(pulp.lpSum(var for var in problem.lp.variables() if var.name.startswith(free[1:])))
-    problem.lp.solve(highs._HiGHS(msg=False, threads=1))
+    problem.lp.solve(highs._HiGHS(msg=False, threads=highs.scheduler_threads(1)))
     assert problem.lp.sol_status == pulp.LpSolutionOptimal
     for rank, peak in enumerate(cost.peak_bytes_per_stage):
         rows = [row for row in problem.lp.constraints() if row.name.startswith(milp.MEMORY_ROWS)

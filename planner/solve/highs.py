@@ -223,8 +223,8 @@ def start_values(problem, stages: list[StagePlan], *, threads: int | None = None
     saved = {var: (var.lowBound, var.upBound) for var in fixed}
     for var, value in fixed.items():
         var.lowBound = var.upBound = value
-    try:
-        problem.lp.solve(_HiGHS(msg=False, threads=threads))
+    try:  # (HiGHS runs only with the threads the process's first solve asked: scheduler_threads)
+        problem.lp.solve(_HiGHS(msg=False, threads=scheduler_threads(threads)))
         if problem.lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
             return None  # the plan breaks the formulation's assumptions (or a cap): no start
         return {var.name: var.varValue for var in problem.lp.variables()}
