@@ -45,3 +45,22 @@ def test_the_search_counts_the_runs_the_milp_builds(monkeypatch):
     assert asked == [1]
     search._better_start(profile, setup.model_copy(update={"zero": 1}), None, None, Deadline(None))
     assert asked == [1]
+
+
+def test_a_run_ending_at_the_models_last_layer_is_charged_that_layers_own_moments():
+    """Two layers of one kind on one stage, dp 4, ZeRO 2 (FSDP2's moments per layer, none beside a pipeline): the last
+    layer's extra under full recompute is 1.0 MiB (no unit after it to reduce), the first's 1.25; one run charged the
+    last the first's, and the MILP called the only fitting plan (both checkpointed: 3,670,016 B under evaluate, the cap
+    3,710,976) infeasible — hypothesis's example on CI (docs/published-runs.md §67.lead)."""
+    layers = [layer(f"l{i}", "A", fwd_ms=0.5, bwd_ratio=1.0, act_mib=act, input_mib=1, output_mib=0.5,
+                    param_count=65536) for i, act in enumerate((1, 2))]
+    profile = profile_of(layers)
+    setup = TrainSetup(stages=1, microbatches=1, micro_batch_size=1, schedule="1F1B", mem_caps_bytes=[3710976],
+                       dp=4, zero=2, precision="fp32")
+    assert len(milp.problem_runs(profile, setup)) == 2
+    both = costmodel.split_to_stages([0], [1, 1], profile)
+    assert costmodel.evaluate(both, profile, setup).stages[0].peak_bytes == 3670016
+    result = search.plan(profile, setup, solver="milp", mip_gap=0.0, threads=1)
+    assert isinstance(result, search.PlanResult), result
+    assert result.stages[0].checkpointed == ["l0", "l1"]
+    assert result.cost.iteration_ms == costmodel.evaluate(both, profile, setup).iteration_ms

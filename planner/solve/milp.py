@@ -157,11 +157,17 @@ def _units_apart(profile: Profile, setup: TrainSetup) -> list | None:
     """Each layer's (parameters on the rank, Float8 weights) where FSDP2's units are charged per moment: the
     profile's own counts (gathered.stage_units), not the kind's maximum a LayerCost holds, which the moment rows
     read at a run's first layer (milp_moments._least, _params); a run mixing them charged a layer of no parameters
-    its kind's all-gather (§66.milpfsdp: infeasible where evaluate fits). None where not charged per moment."""
+    its kind's all-gather (§66.milpfsdp: infeasible where evaluate fits). None where not charged per moment.
+    With its neighbours' and whether it is the model's last: a layer's own moments read the unit before it
+    (prefetched) and after it (reduced last), and the model's last layer's forward end (gathered.fsdp_unit_layer_bytes),
+    so a run ending at the model's last layer charged that layer the first one's extra (a one-stage ZeRO 2 plan
+    1.25 MiB where evaluate has 1.0: infeasible where it fits, §67.lead)."""
     if not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
         return None
     params, fp8, _ = gathered.stage_units(profile, setup)
-    return list(zip(params, fp8))
+    units, last = list(zip(params, fp8)), len(params) - 1
+    return [(unit, units[i - 1] if i > 0 else None, units[i + 1] if i < last else None, i == last)
+            for i, unit in enumerate(units)]
 
 
 def _count_var(name: str, size: int) -> pulp.LpVariable:
