@@ -212,5 +212,6 @@ def test_the_milps_runs_part_where_fsdp2s_units_differ_within_a_kind():
     profile, roomy, _ = _one_kind_params_on_the_first()
     setup = roomy.model_copy(update={"mem_caps_bytes": [4145152, 4997120, 3948555]})
     problem = milp.build_problem(profile, setup, objective="memory")
-    assert [(run.start, run.size) for run in problem.runs] == [(0, 1), (1, 2)]
+    # l1 and l2 part too: l1's unit before is l0's (prefetched), l2's is none and it is the model's last (§67.lead)
+    assert [(run.start, run.size) for run in problem.runs] == [(0, 1), (1, 1), (2, 1)]
     assert milp.solve(problem, mip_gap=0.0, threads=1).objective == pytest.approx(4984832 / 4997120, rel=1e-6)
