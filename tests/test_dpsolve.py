@@ -153,11 +153,19 @@ def _check_every_range(profile, roomy, rng, monkeypatch):
                             continue
                         assert seg.time_ms == pytest.approx(min(c.busy_ms for c in fitting), rel=1e-12), where
                     else:
-                        if seg is None:  # every set dropped: none fits the largest cap of the stages grown together
-                            assert min(c.peak_bytes for c in costs) > max(caps[t] for t in members) - \
-                                costmodel.FIT_MARGIN_BYTES, where
-                            continue
-                        assert seg.peak_bytes == min(c.peak_bytes for c in costs), where
+                        # the DP drops the sets whose static and kept bytes alone pass the largest cap of the stages
+                        # grown together (a lower bound of their peak): the least peak is exact wherever it could
+                        # fit that cap; past it, any set (none fits) or none. A checkpointed layer whose rerun saves
+                        # none of its input (Cohere's, §858) may keep fewer bytes and still peak higher, so the set
+                        # that keeps least is not always the one that peaks least.
+                        least = min(c.peak_bytes for c in costs)
+                        cap_high = max(chain.stages[t].cap_bytes for t in members) - costmodel.FIT_MARGIN_BYTES
+                        if least > cap_high + 1:
+                            assert seg is None or seg.peak_bytes >= least, where
+                            if seg is None:
+                                continue
+                        else:
+                            assert seg is not None and seg.peak_bytes == least, where
                     flags = [bool(seg.mask >> b & 1) for b in range(j - i)]
                     again = costmodel.stage_cost(layers[i:j], flags, stage=s, profile=profile, setup=setup)
                     assert again.peak_bytes == seg.peak_bytes, where

@@ -164,8 +164,11 @@ class LayerCost:
 
     @property
     def recompute_peak_bytes(self) -> int:
-        """Extra bytes while this checkpointed layer is recomputed in backward (all it saves, its output too)."""
-        return max(self.act_bytes + self.output_shared_bytes - self.input_bytes, 0)
+        """Extra bytes while this checkpointed layer is recomputed in backward (all it saves, its output too) beyond
+        the input its checkpoint keeps: less only the part of what it saves that is that input (input_in_act_bytes).
+        A layer that saves none of its input (Cohere's: its LayerNorm starts with a subtraction, and its attention and
+        MLP read the norm's output) recomputes all of it on top of the kept input (§67.usertrial67)."""
+        return max(self.act_bytes + self.output_shared_bytes - min(self.input_bytes, self.input_in_act_bytes), 0)
 
 
 # ---------------------------------------------------------------- per-layer terms
