@@ -4,7 +4,11 @@ publishes on MI300X at 8,192 tokens (AITER's nine pairs' median), hand-counted (
 import pytest
 
 from planner.models import gpus
-from planner.models.attention_published import AITER_MI300X_8192, MI300X_CAUSAL_RATIO, MI300X_FLASH_CAUSAL_TFLOPS
+from planner.models.attention_published import (
+    AITER_MI300X_8192,
+    MI300X_CAUSAL_RATIO,
+    MI300X_FLASH_CAUSAL_TFLOPS,
+)
 from planner.profiler.roofline import Kernel, kernel_ms
 
 
