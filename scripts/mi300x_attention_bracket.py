@@ -20,17 +20,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published_rows  # noqa: E402  (the harness beside this script)
 
-CK = (353.22, 194.43)  # the record's: gpus.py MI300X_FLASH_TFLOPS (ROCm/flash-attention#142)
-# label: (forward, backward TFLOP/s, where it is published) — framework-facts §167, §472
+CK = (353.22, 194.43)  # attention_published.MI300X_FLASH_TFLOPS (ROCm/flash-attention#142), non-causal
+CK_CAUSAL = (324.29445095593644, 179.2200232167771)  # the record's: CK x AITER's causal / non-causal medians
+# label: (forward, backward TFLOP/s, where it is published) — framework-facts §167, §472, §879
 SOURCES: dict[str, tuple[float, float, str]] = {
+    "ck-causal": (*CK_CAUSAL, "CK FlashAttention-2's non-causal figure x the causal mask's cost on MI300X at 8,192 "
+                              "tokens (AITER's nine pairs' median, ROCm/aiter 0403bcdf): the record's"),
     "ck": (*CK, "CK FlashAttention-2, non-causal, 1 x 16,384, head dim 128, ROCm 6.3.2 (ROCm/flash-attention#142): "
-                "the record's"),
+                "the record's before §68.mi300x"),
     "aiter-asm": (522.68, 436.13, "AITER's assembly v3 kernels, causal, 1 x 8,192, 32 / 8 heads, head dim 128, bwd a16 "
                                   "(ROCm/aiter op_tests/cpp/mha/README.md, 0403bcdf): AOTriton 0.11b's, after the rows"),
-    "triton-fwd": (119.4, CK[1], "Primus-Turbo's Triton forward before its tuning, causal, 2 x 8,192 MHA, head dim "
-                                 "128 (AMD-AGI/Primus-Turbo#266); the backward CK's (none published)"),
-    "aotriton-2024-bwd": (CK[0], 19.9, "AOTriton's backward on LLaMA 3 8B's shapes at torch 2.5.0.dev20240907 "
-                                       "(pytorch/pytorch#135431); the forward CK's (none published)"),
+    "triton-fwd": (119.4, CK_CAUSAL[1], "Primus-Turbo's Triton forward before its tuning, causal, 2 x 8,192 MHA, "
+                                        "head dim 128 (AMD-AGI/Primus-Turbo#266); the backward the record's (none "
+                                        "published)"),
+    "aotriton-2024-bwd": (CK_CAUSAL[0], 19.9, "AOTriton's backward on LLaMA 3 8B's shapes at torch 2.5.0.dev20240907 "
+                                              "(pytorch/pytorch#135431); the forward the record's (none published)"),
 }
 
 

@@ -22,19 +22,20 @@ def test_the_patched_record_runs_a_causal_forward_at_the_sources_rate():
     assert kernel_ms(fwd, gpu) == pytest.approx(549_755_813_888 / 119.4e12 * 1e3, rel=1e-12)
     assert kernel_ms(bwd, gpu) == pytest.approx(1_374_389_534_720 / 19.9e12 * 1e3, rel=1e-12)
     assert kernel_ms(fwd, gpu) == pytest.approx(4.60432, abs=1e-5)
-    # the record itself is untouched, and reads CK's
-    assert kernel_ms(fwd, gpus.GPUS["mi300x"]) == pytest.approx(549_755_813_888 / 353.22e12 * 1e3, rel=1e-9)
+    # the record itself is untouched, and reads CK's causal-corrected figure
+    assert kernel_ms(fwd, gpus.GPUS["mi300x"]) == pytest.approx(549_755_813_888 / 324.29445e12 * 1e3, rel=1e-6)
 
 
-def test_the_record_reads_the_ck_source_the_bracket_names_first():
-    assert bracket.SOURCES["ck"][:2] == pytest.approx(tuple(r * 1307.4 for r in gpus.GPUS["mi300x"].attention_efficiency),
-                                                    rel=1e-12)
+def test_the_record_reads_the_ck_causal_source_the_bracket_names_first():
+    assert next(iter(bracket.SOURCES)) == "ck-causal"
+    assert bracket.SOURCES["ck-causal"][:2] == pytest.approx(
+        tuple(r * 1307.4 for r in gpus.GPUS["mi300x"].attention_efficiency), rel=1e-12)
 
 
 def test_bad_input_is_one_sentence(capsys):
     assert bracket.main(["one", "M12", "cudnn"]) == 2
-    assert capsys.readouterr().err.strip() == ("error: no source 'cudnn'; choose one of ck, aiter-asm, triton-fwd, "
-                                               "aotriton-2024-bwd")
+    assert capsys.readouterr().err.strip() == ("error: no source 'cudnn'; choose one of ck-causal, ck, aiter-asm, "
+                                               "triton-fwd, aotriton-2024-bwd")
     assert bracket.main(["one", "M11", "ck"]) == 2
     assert "runs no MI300X profile" in capsys.readouterr().err
     assert bracket.main(["one", "NOPE", "ck"]) == 2

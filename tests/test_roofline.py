@@ -113,8 +113,10 @@ def test_torchs_flash_attention_on_h100_takes_its_published_time():
     between = attention_efficiency(H100, 2896)  # ~ the geometric mean of 2048 and 4096: the midpoint
     assert between[0] == pytest.approx(sum(attention_efficiency(H100, n)[0] for n in (2048, 4096)) / 2, rel=1e-3)
     assert attention_efficiency(A100, 2048) == A100.attention_efficiency  # no lengths published: one figure
-    # MI300X: FlashAttention-2 (CK) at its published 353.22 / 194.43 TFLOP/s
-    assert kernel_ms(Kernel("attention-bwd", counted), MI300X) == pytest.approx(counted / 194.43e12 * 1e3)
+    # MI300X: FlashAttention-2 (CK) at its published non-causal 194.43 TFLOP/s backward x the causal mask's cost
+    # there (AITER's median, 422.835 / 458.72: tests/test_mi300x_causal.py)
+    assert kernel_ms(Kernel("attention-bwd", counted), MI300X) == \
+        pytest.approx(counted / (194.43e12 * 422.835 / 458.72) * 1e3)
 
 
 def test_torchs_flash_attention_on_blackwell_takes_the_b200_s_published_time():

@@ -51,6 +51,37 @@ SDPA_HOPPER = ("torch SDPA flash backend on H100, causal, 8192 tokens, head dim 
 # preferred_rocm_fa_library: "Currently AOTriton"; CK only under TORCH_ROCM_FA_PREFER_CK=1, which neither torchtitan
 # 2c8b5947's run_train.sh nor torchao 853f87d1's llama3.sh sets); no absolute 0.10b figure on gfx942 was found
 MI300X_FLASH_TFLOPS = (353.22, 194.43)
+# That CK figure is non-causal; the rows' kernel (and every other GPU record's figure) causal. AMD's only published
+# causal / non-causal pairs on MI300X at 8,192 tokens and head dim 128 are AITER's (ROCm/aiter op_tests/cpp/mha/
+# README.md 0403bcdf, "More performance test results", BF16, BSHD, batch mode; another kernel, its assembly v3): nine
+# shapes, each run with and without the mask. Rows: (batch, query heads, K/V heads, forward non-causal, causal,
+# backward with fp32 dQ accumulation (a32, as CK's FlashAttention-2 accumulates dQ) non-causal, causal) TFLOP/s
+AITER_MI300X_8192 = ((1, 32, 8, 558.17, 522.68, 481.28, 388.235), (4, 32, 8, 574.62, 547.09, 458.72, 422.835),
+                     (8, 32, 8, 585.29, 537.36, 475.56, 441.4), (1, 64, 8, 591.37, 518.29, 441.82, 433.285),
+                     (4, 64, 8, 592.16, 540.515, 468.71, 434.645), (8, 64, 8, 577.45, 550.67, 475.07, 432.715),
+                     (1, 64, 4, 591.77, 519.32, 439.94, 442.955), (4, 64, 4, 590.93, 540.935, 469.72, 430.95),
+                     (8, 64, 4, 583.23, 552.78, 475.68, 434.51))
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+# The mask's cost as the median of the nine pairs' ratios (forward 0.876-0.954, backward 0.807-1.007: one shape's
+# pair would pick a point of that spread; the rows' own call, 32 heads with K/V repeated to 32, is none of the nine)
+MI300X_CAUSAL_RATIO = (_median([c / n for *_, n, c, _, _ in AITER_MI300X_8192]),
+                       _median([c / n for *_, n, c in AITER_MI300X_8192]))
+MI300X_FLASH_CAUSAL_TFLOPS = (MI300X_FLASH_TFLOPS[0] * MI300X_CAUSAL_RATIO[0],
+                              MI300X_FLASH_TFLOPS[1] * MI300X_CAUSAL_RATIO[1])
+MI300X_FLASH_SOURCE = (
+    f"FlashAttention-2 (CK) on MI300X, ROCm 6.3.2, non-causal, 16384 tokens, head dim 128: forward 353.22, backward "
+    f"194.43 TFLOP/s (ROCm/flash-attention#142), x the causal mask's cost on MI300X at 8192 tokens, head dim 128 "
+    f"(AITER's nine pairs' median, ROCm/aiter 0403bcdf op_tests/cpp/mha/README.md: forward "
+    f"{MI300X_CAUSAL_RATIO[0]:.4f}, backward {MI300X_CAUSAL_RATIO[1]:.4f}) = {MI300X_FLASH_CAUSAL_TFLOPS[0]:.2f} / "
+    f"{MI300X_FLASH_CAUSAL_TFLOPS[1]:.2f}; torch's SDPA runs AOTriton there (0.10b in 2025-08 nightlies), no absolute "
+    f"figure published for it")
 # FlashAttention-2 and FlashAttention (1) on A100 80GB SXM4, fractions of its 312 TFLOP/s BF16 peak (Dao 2023,
 # FlashAttention-2, arXiv 2307.08691 §1, summarising its Figs. 5-6: batch x tokens = 16k, hidden 2048, head dim 64 and
 # 128, with and without a causal mask, FLOPs counted as attention_tflops counts them): FlashAttention-2 "reaching up to

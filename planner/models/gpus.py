@@ -18,7 +18,8 @@ from planner.models.attention_published import (
     CUDNN_HOPPER_CHIP,
     FA2_AMPERE,
     FA2_AMPERE_SOURCE,
-    MI300X_FLASH_TFLOPS,
+    MI300X_FLASH_CAUSAL_TFLOPS,
+    MI300X_FLASH_SOURCE,
     SDPA_B200,
     SDPA_B200_BY_SEQ,
     SDPA_BLACKWELL,
@@ -450,10 +451,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="hipGetDeviceProperties on MI300X: 196592 MB total global memory "
                      "(github.com/thamada/nvidia-smi, package/MI300X_deviceQuery.py)",
         **_mamf("mi300x", 1307.4, fp8_maf=(MAF_FP8_MI300X_TFLOPS / 2614.9, _MAF_MI300X)),
-        attention_efficiency=(MI300X_FLASH_TFLOPS[0] / 1307.4, MI300X_FLASH_TFLOPS[1] / 1307.4),
-        attention_source="FlashAttention-2 (CK) on MI300X, ROCm 6.3.2, 16384 tokens, head dim 128: forward 353.22, "
-                         "backward 194.43 TFLOP/s (ROCm/flash-attention#142); torch's SDPA runs AOTriton there (0.10b "
-                         "in 2025-08 nightlies), no absolute figure published for it",
+        attention_efficiency=(MI300X_FLASH_CAUSAL_TFLOPS[0] / 1307.4, MI300X_FLASH_CAUSAL_TFLOPS[1] / 1307.4),
+        attention_source=MI300X_FLASH_SOURCE,
         membound_eager_efficiency=MEMBOUND_MI300X[0], membound_fused_efficiency=MEMBOUND_MI300X[1],
         membound_class_efficiency=MEMBOUND_CLASSES_MI300X,
         membound_source=f"eager measured on MI300X ({LIGER_MI300X}; SwiGLU alone: none, the eager mean; elementwise: "
