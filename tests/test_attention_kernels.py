@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from planner.cli import cli
 from planner.models import archs
 from planner.models.attention_kernels import FLASH1, FLASH2, kernel_gpu
+from planner.models.attention_published import split_fwd_bwd
 from planner.models.attention_rates import attention_efficiency
 
 # a GPT-2 block: 2 heads of 32 at 16 tokens, one sequence
@@ -20,22 +21,48 @@ TINY = {"model_type": "gpt2", "n_embd": 64, "n_layer": 1, "n_head": 2, "vocab_si
 SEQ, HEADS, HEAD_DIM = 16, 2, 32
 
 
+# FlashAttention (1)'s forward + backward at 16,384 tokens, causal, head dim 128 (the FlashAttention-2 release's README
+# figures, panel (d)): A100 83, H100 137 TFLOP/s; split with the forward 0.50 / 0.35 = 10/7 times the backward's rate:
+# 3.5 / R = 1 / F + 2.5 / B, F = 10/7 B  ->  F = R (1 + 25/7) / 3.5 = 64/49 R, B = 7/10 F
+A100_16K = (83 * 64 / 49, 83 * 64 / 49 * 0.7)  # 108.41, 75.89 TFLOP/s
+H100_16K = (137 * 64 / 49, 137 * 64 / 49 * 0.7)  # 178.94, 125.26
+
+
+def test_a_forward_and_backward_rate_split_by_hand():
+    fwd, bwd = split_fwd_bwd(137.0, 0.50 / 0.35)
+    assert (fwd, bwd) == pytest.approx(H100_16K, rel=1e-12)
+    assert 3.5 / 137.0 == pytest.approx(1 / fwd + 2.5 / bwd, rel=1e-12)  # the two passes' time is the published one
+    assert split_fwd_bwd(137.0, 1.0) == pytest.approx((137.0, 137.0))  # equal rates: both the combined one
+
+
 @pytest.mark.parametrize("name", ["a100-80g", "a100-40g"])
 def test_each_kernel_at_its_own_published_fractions_on_a100(name):
     gpu = archs.gpu(name)
     # FlashAttention-2 on A100: forward up to 73%, backward up to 63% (FlashAttention-2 paper §1)
     assert attention_efficiency(kernel_gpu(gpu, FLASH2)[0], 65536) == (0.73, 0.63)
-    # FlashAttention (1): forward 30-50%, backward 25-35%, each at the top of its range
+    # FlashAttention (1): its 16,384-token figure past it (the nearest published length), 83 TFLOP/s forward + backward
     flash1, unmodelled = kernel_gpu(gpu, FLASH1)
-    assert attention_efficiency(flash1, 65536) == (0.50, 0.35) and unmodelled == ""
-    assert "FlashAttention (1)" in flash1.attention_source
+    assert attention_efficiency(flash1, 65536) == pytest.approx((A100_16K[0] / 312, A100_16K[1] / 312), rel=1e-12)
+    assert unmodelled == "" and "FlashAttention (1) on A100" in flash1.attention_source
+
+
+def test_flash1_on_h100_at_its_published_figures_by_length():
+    # was: no FlashAttention (1) rate for the H100, its FlashAttention-2 figures charged (303.6 / 296.5 TFLOP/s at 16k)
+    flash1, unmodelled = kernel_gpu(archs.gpu("h100"), FLASH1)
+    assert unmodelled == "" and "FlashAttention (1) on H100" in flash1.attention_source
+    assert attention_efficiency(flash1, 65536) == pytest.approx((H100_16K[0] / 989.4, H100_16K[1] / 989.4), rel=1e-12)
+    # 8,192 tokens: 135 TFLOP/s forward + backward
+    assert attention_efficiency(flash1, 8192) == pytest.approx((135 * 64 / 49 / 989.4, 135 * 64 / 49 * 0.7 / 989.4))
+    # 2,048 tokens: 108; between two published lengths log-linear (4,096: 126; 2,896 ~ halfway in log)
+    fwd_2k, fwd_4k = 108 * 64 / 49 / 989.4, 126 * 64 / 49 / 989.4
+    assert attention_efficiency(flash1, 2896)[0] == pytest.approx(fwd_2k + (fwd_4k - fwd_2k) * 0.5, rel=1e-3)
 
 
 def test_a_gpu_with_no_published_flash1_rate_keeps_its_own_and_says_so():
-    h100 = archs.gpu("h100")
-    kept, unmodelled = kernel_gpu(h100, FLASH1)
-    assert kept is h100
-    assert unmodelled.startswith("--attention-kernel flash1: no published rate for h100-sxm")
+    h200 = archs.gpu("h200")
+    kept, unmodelled = kernel_gpu(h200, FLASH1)
+    assert kept is h200
+    assert unmodelled.startswith("--attention-kernel flash1: no published rate for h200")
 
 
 def _profile(tmp_path, *args):
@@ -58,19 +85,21 @@ def test_the_causal_kernel_time_by_hand_at_a_tiny_shape(tmp_path):
         assert result.exit_code == 0, result.output
         block = json.loads(out.read_text())["layers"][1]
         runs[kernel] = block["fwd_ms"], block["bwd_ms"]
-    fwd_extra = forward / peak * (1 / 0.50 - 1 / 0.73) * 1e3
-    bwd_extra = 2.5 * forward / peak * (1 / 0.35 - 1 / 0.63) * 1e3
+    # FlashAttention (1) at 16 tokens: its 512-token figure (55 TFLOP/s forward + backward), split as above
+    fwd_tflops = 55 * 64 / 49
+    fwd_extra = (forward / (fwd_tflops * 1e12) - forward / (peak * 0.73)) * 1e3
+    bwd_extra = (2.5 * forward / (fwd_tflops * 0.7 * 1e12) - 2.5 * forward / (peak * 0.63)) * 1e3
     assert runs[FLASH1][0] - runs[FLASH2][0] == pytest.approx(fwd_extra, rel=1e-6)
     assert runs[FLASH1][1] - runs[FLASH2][1] == pytest.approx(bwd_extra, rel=1e-6)
 
 
 def test_the_profile_names_the_kernel_and_what_it_could_not_model(tmp_path):
-    result, out = _profile(tmp_path, "--gpu", "h100", "--attention-kernel", "flash1")
+    result, out = _profile(tmp_path, "--gpu", "h200", "--attention-kernel", "flash1")
     assert result.exit_code == 0, result.output
     assumptions = json.loads(out.read_text())["assumptions"]
     assert assumptions["attention_kernel"] == "flash1"
-    assert "no published rate for h100-sxm" in assumptions["attention_kernel_not_modelled"]
-    assert "no published rate for h100-sxm" in result.output
+    assert "no published rate for h200" in assumptions["attention_kernel_not_modelled"]
+    assert "no published rate for h200" in result.output
     result, out = _profile(tmp_path, "--gpu", "a100-80g", "--attention-kernel", "flash1")
     assumptions = json.loads(out.read_text())["assumptions"]
     assert "attention_kernel_not_modelled" not in assumptions

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from planner.models.attention_published import FA1_AMPERE, FA1_AMPERE_SOURCE
+from planner.models.attention_published import FA1_FIGURES, FA1_FWD_OVER_BWD, fa1_by_seq
 from planner.models.gpus import GPU
 
 FLASH2, FLASH1 = "flash2", "flash1"
@@ -29,10 +29,23 @@ KERNELS = (FLASH2, FLASH1)
 KERNEL_HELP = {
     FLASH2: "FlashAttention-2 (torch's SDPA flash backend, flash-attn 2.x): the GPU's own attention figures",
     FLASH1: "FlashAttention (1): flash-attn 1.x or its Triton port (llm-foundry's attn_impl: triton or flash at "
-            "v0.3.0), at the FlashAttention-2 paper's FlashAttention figures where published (A100)",
+            "v0.3.0), at FlashAttention's published figures by length where published (A100, H100 SXM)",
 }
-# (forward, backward) fractions of the GPU's BF16 peak by GPU name, and the source
-_PUBLISHED = {FLASH1: {"a100-40g": (FA1_AMPERE, FA1_AMPERE_SOURCE), "a100-80g": (FA1_AMPERE, FA1_AMPERE_SOURCE)}}
+# the GPUs FlashAttention (1) is published for: the FlashAttention-2 release's A100 80GB SXM4 and H100 80GB SXM5 figures
+# (attention_published.FA1_FWD_BWD_TFLOPS), each GPU's record by the figure's chip, at that record's BF16 peak
+_FA1_CHIP = {"a100-40g": "a100", "a100-80g": "a100", "h100-sxm": "h100"}
+
+
+def _flash1(gpu: GPU) -> GPU | None:
+    chip = _FA1_CHIP.get(gpu.name)
+    if chip is None:
+        return None
+    by_seq = fa1_by_seq(chip, gpu.bf16_tflops)
+    source = (f"FlashAttention (1) on {chip.upper()}: {FA1_FIGURES}, forward + backward at 512-16,384 tokens, split "
+              f"forward {FA1_FWD_OVER_BWD:.3f}x the backward's rate (the FlashAttention-2 paper's tops of its "
+              "forward 30-50% and backward 25-35% on A100)")
+    return dataclasses.replace(gpu, attention_efficiency=by_seq[-1][1:], attention_by_seq=by_seq,
+                               attention_windowed=(), attention_source=source)
 
 
 def kernel_gpu(gpu: GPU, kernel: str) -> tuple[GPU, str]:
@@ -40,10 +53,8 @@ def kernel_gpu(gpu: GPU, kernel: str) -> tuple[GPU, str]:
     GPU's own figures kept: '' when modelled). FLASH2 is the GPU's own figures."""
     if kernel == FLASH2:
         return gpu, ""
-    published = _PUBLISHED[kernel].get(gpu.name)
+    published = _flash1(gpu)
     if published is None:
         return gpu, (f"--attention-kernel {kernel}: no published rate for {gpu.name}; its FlashAttention-2 figures "
                      f"charged ({gpu.attention_source})")
-    rates, source = published
-    return dataclasses.replace(gpu, attention_efficiency=rates, attention_by_seq=(), attention_windowed=(),
-                               attention_source=source), ""
+    return published, ""

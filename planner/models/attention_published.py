@@ -88,13 +88,47 @@ MI300X_FLASH_SOURCE = (
 # 73% of the theoretical max throughput in the forward pass, and up to 63% of the theoretical max throughput in the
 # backward pass"; FlashAttention "the forward pass only reaches 30-50% of the theoretical maximum FLOPs/s of the
 # device, while the backward pass is even more challenging, reaching only 25-35%". Each kernel read at the top of its
-# range, its best case, as the rows' long sequences are (no figure by length is published as text)
+# range, its best case, as the rows' long sequences are (no figure by length is published as text). FlashAttention (1)'s
+# rate is read by length from the repository's figures below (FA1_FWD_BWD_TFLOPS); FA1_AMPERE gives its split only
 FA2_AMPERE = (0.73, 0.63)
 FA1_AMPERE = (0.50, 0.35)
 FA2_AMPERE_SOURCE = ("FlashAttention-2 on A100: forward up to 73%, backward up to 63% of the 312 TFLOP/s peak (Dao "
                      "2023, FlashAttention-2, arXiv 2307.08691 §1, its Figs. 5-6)")
-FA1_AMPERE_SOURCE = ("FlashAttention (1) on A100: forward 30-50%, backward 25-35% of the 312 TFLOP/s peak, read at "
-                     "the top, 50% / 35% (Dao 2023, FlashAttention-2, arXiv 2307.08691 §1, its Figs. 5-6)")
+# FlashAttention (1) by length, causal, head dim 128, as the FlashAttention-2 release's own figures time it beside
+# FlashAttention-2 (Dao-AILab/flash-attention 4f285b35, 2023-07-17, README "Performance": "Head dimension 64 or 128,
+# hidden dimension 2048 (i.e. either 32 or 16 heads) ... Batch size set to 16k / seqlen"; assets/
+# flash2_a100_fwd_bwd_benchmark.png (A100 80GB SXM4) and flash2_h100_fwd_bwd_benchmark.png (H100 80GB SXM5), panel
+# (d) "With causal mask, head dimension 128", the "FlashAttention" bars): forward + backward TFLOP/s at 512 ... 16,384
+# tokens, FLOPs counted as the repository's benchmark counts them (benchmarks/benchmark_flash_attention.py 60499abc
+# `flops`: 4·s²·heads·d·batch, halved causal, x3.5 forward + backward, over the two passes' time). The same panels'
+# FlashAttention-2 bars: A100 99 ... 189, H100 163, 221, 265, 294, 308, 328.
+FA1_FWD_BWD_TFLOPS = {
+    "a100": ((512, 55.0), (1024, 62.0), (2048, 69.0), (4096, 76.0), (8192, 80.0), (16384, 83.0)),
+    "h100": ((512, 98.0), (1024, 109.0), (2048, 108.0), (4096, 126.0), (8192, 135.0), (16384, 137.0)),
+}
+FA1_FIGURES = ("Dao-AILab/flash-attention 4f285b35 (FlashAttention-2 release) README figures, causal, head dim 128, "
+               "the FlashAttention bars")
+# FlashAttention (1)'s forward runs faster than its backward: the FlashAttention-2 paper's ranges on A100 (§1, above),
+# forward 30-50% and backward 25-35%, read at their tops as FA1_AMPERE is (the published figures are forward +
+# backward only; the split is the one the paper states)
+FA1_FWD_OVER_BWD = FA1_AMPERE[0] / FA1_AMPERE[1]
+
+
+def split_fwd_bwd(fwd_bwd_tflops: float, fwd_over_bwd: float) -> tuple[float, float]:
+    """(forward, backward) TFLOP/s of a kernel whose forward + backward rate is `fwd_bwd_tflops` (3.5 forward FLOPs over
+    the two passes' time, as FlashAttention's benchmark counts it) and whose forward runs `fwd_over_bwd` times its
+    backward's rate: 3.5 / R = 1 / F + 2.5 / B with F = rho·B gives F = R (1 + 2.5 rho) / 3.5, B = F / rho."""
+    fwd = fwd_bwd_tflops * (1 + 2.5 * fwd_over_bwd) / 3.5
+    return fwd, fwd / fwd_over_bwd
+
+
+def fa1_by_seq(gpu: str, peak_tflops: float) -> tuple[tuple[int, float, float], ...]:
+    """FlashAttention (1)'s (tokens, forward, backward) fractions of `peak_tflops` on `gpu` ("a100", "h100") by length
+    (FA1_FWD_BWD_TFLOPS split by FA1_FWD_OVER_BWD), as GPU.attention_by_seq holds them."""
+    return tuple((seq, *(rate / peak_tflops for rate in split_fwd_bwd(combined, FA1_FWD_OVER_BWD)))
+                 for seq, combined in FA1_FWD_BWD_TFLOPS[gpu])
+
+
 # cuDNN's fused attention as NVIDIA's cudnn-frontend training benchmark times it (benchmark/sdpa_benchmark_training,
 # NVIDIA/cudnn-frontend): BF16, head dim 128, 8 K/V heads, 8192 tokens, causal (top_left), ms forward / backward:
 # - H200 (the H100's chip), cuDNN 9.19, 64 query heads, batch 1: 1.708 / 5.083 (results/h200_919_only_cudnn/
