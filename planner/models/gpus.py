@@ -262,7 +262,7 @@ _HOST_GRACE_GH200 = dict(host_call_us=33.17, host_source=f"GH200's Grace: 33.17 
 # SPECspeed2017_int_base on spec.org (its table as scraped in github.com/blue-plum-cloud/cpu2017data 429d1a51
 # data/test.csv): the EPYC 7742's median of 42 results (2019-20, 8.33-9.08), the Xeon Platinum 8480+'s (the 8480C's
 # retail twin) of its 3 of 2024 (14.1, 13.7, 13.9), after SPEC's ruling on oneAPI 2022-2023's xalancbmk (earlier: 14.5).
-# A model, not a measurement (same x86-64 binaries; it does not cross to Arm: Grace 22.5 µs for 37.08, §873).
+# A model, not a measurement (same x86-64 binaries; not to Arm: Grace 22.5 µs for 37.08; scripts/spec_host_ratio.py).
 EPYC_7742_SPECSPEED_INT = 8.92
 XEON_8480_SPECSPEED_INT = 13.9
 _HOST_EPYC_ROME = dict(
