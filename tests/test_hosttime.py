@@ -79,6 +79,20 @@ def test_a_tiny_blocks_passes_take_the_hosts_time(gpu, call_us):
     # the embedding's and the head's passes: tests/test_hosttime_step.py
 
 
+def test_dgx_a100s_host_is_the_xeons_figure_carried_by_specint_speed():
+    # 13.48 µs (TransformerEngine#2053, DGX H100's Xeon 8480C) x 13.9 / 8.92 (SPECspeed2017_int_base medians, Xeon
+    # Platinum 8480+ and EPYC 7742) = 21.006 -> 21.01 µs, on both A100s (the same DGX A100 host)
+    for name in ("a100-80g", "a100-40g"):
+        assert archs.gpu(name).host_call_us == 21.01
+    profile, (_, block, *_) = _layers(TINY, "a100-80g")
+    # the tiny block's passes by hand: forward 36.72 Linears x 21.01 µs = 0.7714872 ms, backward 47.29 x 21.01 =
+    # 0.9935629 ms, its hooks (2 x 0.18 + 4 x 0.04) x 21.01 = 0.010925 ms; the device's few µs are under all three
+    assert hosttime.host_block_ms(profile, _setup()) == pytest.approx((0.7714872, 0.9935629))
+    assert hosttime.grad_hook_ms(block, profile, _setup()) == pytest.approx(0.0109252)
+    assert hosttime.host_bound_ms(block, 0, profile, _setup()) == pytest.approx(
+        0.7714872 + 0.9935629 + 0.0109252 - block.fwd_ms - block.bwd_ms)
+
+
 def test_each_pass_is_its_own_max():
     # a device whose forward outlasts the host's but whose backward does not: only the backward's excess is charged
     profile, (_, block, *_) = _layers(TINY, "h100")
@@ -92,7 +106,7 @@ def test_each_pass_is_its_own_max():
 
 
 def test_no_floor_where_nothing_is_published_or_read():
-    profile, (_, block, *_) = _layers(TINY, "a100-80g")  # DGX A100's host: no published figure
+    profile, (_, block, *_) = _layers(TINY, "b200")  # DGX B200's host: no published figure
     assert hosttime.host_bound_ms(block, 0, profile, _setup()) == 0.0
     profile, (_, block, *_) = _layers(TINY, "gb200")
     assert hosttime.host_bound_ms(block, 0, profile, _setup("torchtitan")) == 0.0  # the record reads no host time

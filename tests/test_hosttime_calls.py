@@ -56,8 +56,8 @@ def test_collectives_issue_counted_per_pass_from_the_profile():
     assert hostcalls.collectives_ms(layer, "recompute", profile, _setup()) == pytest.approx((2 * AR + AG) * CALL)
     assert hostcalls.collectives_ms(block, "fwd", profile, _setup()) == 0.0  # TP 1: the profile lists none
     assert hostcalls.collectives_ms(layer, "fwd", profile, _setup("torchtitan")) == 0.0  # its record reads none
-    a100, _ = _layers(gpu="a100-80g")
-    assert hostcalls.collectives_ms(layer, "fwd", a100, _setup()) == 0.0  # no Linear published for its host
+    b200, _ = _layers(gpu="b200")
+    assert hostcalls.collectives_ms(layer, "fwd", b200, _setup()) == 0.0  # no Linear published for its host
 
 
 def test_the_loss_all_reduces_by_cross_entropy():

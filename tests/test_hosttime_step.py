@@ -106,8 +106,8 @@ def test_the_step_charges_each_tensor_and_the_fixed_calls_once():
     assert hosttime.host_step_ms(embedding, profile, logged) == pytest.approx(
         (2 * (0.48 + 0.41 + 0.67 + 0.03) + 2.16 + 0.08 + 2.40) * CALL)
     assert hosttime.host_step_ms(block, profile, _setup("torchtitan")) == 0.0
-    profile_a100, (_, block_a100, _) = _layers(GPT, gpu="a100-80g")  # no published Linear on DGX A100's host
-    assert hosttime.host_step_ms(block_a100, profile_a100, logged) == 0.0
+    profile_b200, (_, block_b200, _) = _layers(GPT, gpu="b200")  # no published Linear on DGX B200's host
+    assert hosttime.host_step_ms(block_b200, profile_b200, logged) == 0.0
 
 
 def test_the_loops_before_the_first_sync_hide_in_the_backwards_lead():

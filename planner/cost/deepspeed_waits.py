@@ -28,7 +28,8 @@ the pinned fp16 buffer (non_blocking), back to the GPU (`.to(device)`), and to t
 temporary (the blocking one), 2 B an element each; the step no longer charges the gradients' copy to the host
 (dataparallel.offload_phases_ms), nor nccl_sms.layer_ms its CTAs beside these reduce-scatters, which run beside
 no GEMM (`waited_reduce_ms`). Not charged: the host's fp16-to-fp32 conversion of the partition and its Python
-until the next kernel (no A100 host figure: GPU.host_call_us is 0 for the A100); weights under the bucket size, which
+until the next kernel (the torch calls there not counted; GPU.host_call_us, DGX A100's 21.01 µs carried to its EPYC
+7742 and read for NDm A100 v4's 7V12, both Zen 2, would price them once counted); weights under the bucket size, which
 share buckets flushed where the running sum crosses it; the copies of the other parameters (dense's weight, biases,
 norms: reduced behind GEMMs or the core attention); and the blocks of other archs (their hook order not read).
 

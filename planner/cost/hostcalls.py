@@ -44,7 +44,7 @@ def _rest(setup: TrainSetup) -> dict[str, tuple[float, float]]:
 
 
 def call_ms(profile: Profile) -> float:
-    """ms of one torch Linear forward on the profile's GPU's host (GPU.host_call_us); 0 where none is published."""
+    """ms of one torch Linear forward on the profile's GPU's host (GPU.host_call_us); 0 where none is published or carried."""
     named = profile.assumptions.get("gpu")
     if not isinstance(named, str):
         return 0.0

@@ -10,8 +10,9 @@ The host time is a floor, from a published absolute and a measured ratio:
 - what one torch Linear forward costs the host: GPU.host_call_us, the published CPU time of one Linear
   module's forward on the GPU's reference system (TransformerEngine#2053, 2025-08-11: BF16, hidden
   2048, 8192 tokens; torch's Linear 13.48 µs on a DGX H100's Xeon Platinum 8480C, 37.08 µs on GB200's
-  Grace, 33.17 µs on GH200's). No figure is published for the other hosts (DGX A100's EPYC, DGX
-  B200's): those charge nothing;
+  Grace, 33.17 µs on GH200's). None is published for DGX A100's EPYC 7742: the Xeon's 13.48 µs carried by
+  the two CPUs' SPECspeed2017_int_base (8.92 and 13.9), 21.01 µs, a model (planner/models/gpus.py; it does not
+  carry to Grace: docs/framework-facts.md §873). The other hosts (DGX B200's) charge nothing;
 - what a dense block's forward and its backward cost in such Linears: the runtime record's
   `host_block_linears` for the profile's attention kind (flash: TE's fused attention, one call; eager:
   TE's UnfusedDotProductAttention, --attention-backend unfused), measured by scripts/bench_host.py

@@ -289,7 +289,7 @@ TERMS: tuple[Term, ...] = (
          "max(device, host) per pass: the record's host_block_linears (Megatron-core's TE spec and MoE blocks, "
          "scripts/bench_host.py) and host_rest_linears (bench_host_step.py; the collectives' issue, "
          "--overlap-param-gather's pre-hooks and get_batch: bench_host_comm.py, hostcalls.py) at the host's "
-         "published CPU time per Linear forward (GPU.host_call_us: TransformerEngine#2053)"),
+         "CPU time per Linear forward (GPU.host_call_us: TransformerEngine#2053; DGX A100's carried by SPECint)"),
     Term("Transformer Engine's attention under deterministic mode beyond the kernels the profile times", "time",
          "layer", lambda layer, ckpt, ctx: jobsettings.deterministic_attention_ms(layer, ckpt, ctx.profile, ctx.setup),
          "the record's deterministic_attention: cuDNN's deterministic backward on sm90 and on sm100+ without dropout "

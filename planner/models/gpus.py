@@ -259,6 +259,18 @@ _HOST_2053 = "NVIDIA/TransformerEngine#2053 (2025-08-11): torch nn.Linear forwar
 _HOST_XEON = dict(host_call_us=13.48, host_source=f"DGX H100's Xeon Platinum 8480C: 13.48 µs ({_HOST_2053})")
 _HOST_GRACE_GB200 = dict(host_call_us=37.08, host_source=f"GB200's Grace: 37.08 µs ({_HOST_2053})")
 _HOST_GRACE_GH200 = dict(host_call_us=33.17, host_source=f"GH200's Grace: 33.17 µs ({_HOST_2053})")
+# DGX A100's host (two AMD EPYC 7742, Zen 2) has no published figure: the Xeon's carried by single-thread speed,
+# SPECspeed2017_int_base on spec.org (its table as scraped in github.com/blue-plum-cloud/cpu2017data 429d1a51
+# data/test.csv): the EPYC 7742's median of 42 results (2019-20, 8.33-9.08), the Xeon Platinum 8480+'s (the 8480C's
+# retail twin) of its 3 of 2024 (14.1, 13.7, 13.9), after SPEC's ruling on oneAPI 2022-2023's xalancbmk (earlier: 14.5).
+# A model, not a measurement (same x86-64 binaries; not to Arm: Grace 22.5 µs for 37.08; scripts/spec_host_ratio.py).
+EPYC_7742_SPECSPEED_INT = 8.92
+XEON_8480_SPECSPEED_INT = 13.9
+_HOST_EPYC_ROME = dict(
+    host_call_us=round(_HOST_XEON["host_call_us"] * XEON_8480_SPECSPEED_INT / EPYC_7742_SPECSPEED_INT, 2),
+    host_source="DGX A100's AMD EPYC 7742: 13.48 µs x 13.9 / 8.92 = 21.01 µs, the DGX H100 Xeon's figure "
+                f"({_HOST_2053}) carried by SPECspeed2017_int_base (EPYC 7742 8.92, Xeon Platinum 8480+ 13.9: "
+                "spec.org medians), not measured")
 _FA2_AMPERE = FA2_AMPERE_SOURCE
 # the A100's 108 streaming multiprocessors (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020: "108 SMs"
 # in the A100 as shipped, of the GA100's 128), sm80: below sm90 (TE's deterministic FlashAttention-2 backward)
@@ -393,14 +405,14 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=42_298_834_944,
         total_source="deviceQuery on A100-SXM4-40GB: 42298834944 bytes (bottlerocket-os/bottlerocket PR #3873)",
         **_mamf("a100", 312.0), attention_efficiency=FA2_AMPERE, attention_source=_FA2_AMPERE,
-        cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE, **_A100_HOST),
+        cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE, **_A100_HOST, **_HOST_EPYC_ROME),
     GPU("a100-80g", 80 * 10**9, 312.0, 2.039, "NVIDIA A100 datasheet, 80 GB SXM (BF16 312 dense, no FP8; 2.039 TB/s)",
         300.0, 25.0, A100_PINNED_COPY_GB_PER_S, link_source=_A100_LINKS,
         cuda_total_bytes=85_100_068_864,
         total_source="deviceQuery on A100-SXM4-80GB: 85100068864 bytes; nvidia-smi 81920 MiB less 763 MiB "
                      "reserved (github.com/thamada/nvidia-smi, gls/A100SXMx4_*)",
         **_mamf("a100", 312.0), attention_efficiency=FA2_AMPERE, attention_source=_FA2_AMPERE,
-        cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE, **_A100_HOST),
+        cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE, **_A100_HOST, **_HOST_EPYC_ROME),
     # NVIDIA DGX B200 datasheet (2024): 1,440 GB for 8 GPUs (180 GB each), 72 PFLOPS FP8 training
     # for 8 GPUs (sparse: 4.5 dense each); HGX B200: BF16 2.25 PFLOPS dense (4.5 with sparsity),
     # HBM3e 8 TB/s, NVLink 5 1.8 TB/s
