@@ -12,7 +12,7 @@ from planner.errors import UserError
 # options that only the measured profiler reads, and those only the analytic one reads
 MEASURED_ONLY = ("device", "warmup", "repeats", "threads", "timeout_s")
 ANALYTIC_ONLY = ("seq_len", "tp", "sp", "cp", "ep", "attention", "attention_kernel", "gpu", "mfu", "capacity_factor",
-                 "compiled", "optimizer_impl")
+                 "compiled", "optimizer_impl", "fused_softmax")
 
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -51,6 +51,11 @@ def options(command):
                           "and torchtitan's dispatch), which `ckplan solve --ep` needs to match."),
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True,
                      help="With --arch: flash keeps no s² attention scores, eager keeps them."),
+        click.option("--fused-softmax", is_flag=True, default=False,
+                     help="With --arch and --attention eager: the scores' causal softmax as Megatron's "
+                          "FusedScaleMaskSoftmax runs it (one kernel, then torch's dropout: 8 B a score forward, 9 "
+                          "backward) in place of Hugging Face's op-by-op softmax (20 and 30); Megatron-LM's and "
+                          "Megatron-DeepSpeed's default (--masked-softmax-fusion) up to 2,048 keys."),
         click.option("--attention-kernel", type=click.Choice(KERNELS), default=FLASH2, show_default=True,
                      help="With --arch and flash attention: the flash kernel the job ran, timed at its published "
                           "rate on the --gpu; " + "; ".join(f"{name}: {text}" for name, text in KERNEL_HELP.items())
@@ -148,7 +153,7 @@ def _flag(ctx: click.Context, name: str) -> str:
 def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None, arch_config: Path | None,
         seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float | None,
         capacity_factor: float = 1.0, compiled: bool = False, cp: int = 1, ep: int = 1,
-        attention_kernel: str = "flash2", optimizer_impl: str = "fused") -> None:
+        attention_kernel: str = "flash2", optimizer_impl: str = "fused", fused_softmax: bool = False) -> None:
     from pydantic import ValidationError
 
     from planner import io
@@ -166,8 +171,11 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
     device, kernel_unmodelled = _kernel_device(archs.gpu(gpu), attention, attention_kernel, mfu)
     _check_kernel_window(spec, attention_kernel, seq_len)
     check_arch_shape(spec, seq_len, say=warn)
+    if fused_softmax:
+        check_fused_softmax(spec, attention=attention, seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp,
+                            cp=cp)
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp, sp=sp, attention=attention,
-                  dtype=dtype, capacity_factor=capacity_factor, cp=cp, ep=ep)
+                  dtype=dtype, capacity_factor=capacity_factor, cp=cp, ep=ep, fused_softmax=fused_softmax)
     try:
         profile = analytic_profile(spec, shape, gpu=device, mfu=mfu, model=model_ref, compiled=compiled)
     except ValidationError as exc:  # e.g. a layer's bytes past an exbibyte: no device holds that
@@ -176,7 +184,8 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
                         "--micro-batch-size and the config's sizes") from exc
     profile = _with_optimizer_impl(_with_host_step(_with_model_facts(profile, spec, dtype)), optimizer_impl, device)
     profile = profile.model_copy(update={"assumptions": profile.assumptions | {
-        "attention_kernel": attention_kernel, **({"attention_kernel_not_modelled": kernel_unmodelled}
+        "attention_kernel": attention_kernel, **({"fused_softmax": True} if fused_softmax else {}),
+        **({"attention_kernel_not_modelled": kernel_unmodelled}
                                                  if kernel_unmodelled else {})}})
     if kernel_unmodelled:
         from planner.console import warn
@@ -198,6 +207,24 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
     io.check_writable(out)
     io.save_profile(profile, out)
     _report(profile, spec, shape, out)
+
+
+def check_fused_softmax(spec, *, attention: str, seq_len: int, micro_batch_size: int, tp: int, cp: int) -> None:
+    """--fused-softmax where Megatron's fused causal kernel runs (Megatron-DeepSpeed 62bc4562
+    megatron/model/fused_softmax.py FusedScaleMaskSoftmax.forward: 16 < sk <= 2048, sq % 4 == 0, b x np % 4 == 0,
+    a causal mask over the whole sequence); elsewhere Megatron runs its unfused fp32 path, which the option does
+    not model: one sentence and a refusal."""
+    if attention != "eager":
+        raise UserError("--fused-softmax is eager attention's softmax kernel: give --attention eager (flash "
+                        "attention has no separate softmax)")
+    if spec.sliding_window or spec.mla or spec.attention_sinks or cp > 1:
+        raise UserError(f"--fused-softmax models Megatron's causal kernel over the whole sequence; {spec.name}'s "
+                        "attention (a sliding window, latent attention, sinks or context parallelism) is not that")
+    heads = spec.num_heads // tp
+    if not 16 < seq_len <= 2048 or seq_len % 4 or (micro_batch_size * heads) % 4:
+        raise UserError(f"--fused-softmax: Megatron's fused kernel needs 16 < --seq-len <= 2048, --seq-len a "
+                        f"multiple of 4 and micro-batch x heads/tp a multiple of 4 (here {seq_len} and "
+                        f"{micro_batch_size} x {heads}); outside that Megatron runs its unfused softmax: drop the flag")
 
 
 def check_ep(spec, ep: int) -> None:

@@ -64,6 +64,14 @@ ACT_BYTES = {name: (act.fwd_bytes, act.bwd_bytes) for name, act in ACTIVATIONS.i
 DROPOUT_FWD, DROPOUT_BWD, QKV_CAT, BIAS_SUM = 5, 5, 4, 2
 BIAS_WRITE = 2  # a bias's gradient written by its sum over the tokens, 16 bits an element
 EAGER_SCORES_FWD, EAGER_SCORES_BWD = 20, 30  # eager attention: mask add, fp32 softmax and back, per score
+# Megatron's fused causal softmax (Shape.fused_softmax), per 16-bit score, then its attention dropout
+# (docs/framework-facts.md §894; Megatron-DeepSpeed 62bc4562 megatron/fused_kernels/
+# scaled_upper_triang_masked_softmax.h): the forward reads row i's first i + 1 scores (half the s x s, 1 B a score)
+# and writes the whole row, zeros past the diagonal (2 B); the backward reads the gradient and the output over
+# the same triangle (2 B) and writes the whole row (2 B); torch's dropout reads 2, writes 2 and the 1-byte mask
+# forward, reads the gradient and the mask and writes 2 backward (transformer.py 318)
+FUSED_SOFTMAX_FWD, FUSED_SOFTMAX_BWD, DROPOUT_SCORES = 1 + 2, 2 + 2, 2 + 2 + 1
+FUSED_SCORES_FWD, FUSED_SCORES_BWD = FUSED_SOFTMAX_FWD + DROPOUT_SCORES, FUSED_SOFTMAX_BWD + DROPOUT_SCORES
 
 
 def _matmuls(*flops: int) -> list[Kernel]:
@@ -101,7 +109,8 @@ def _attention(arch, shape) -> tuple[list[Kernel], int, int]:
         run = window_pairs(s, window) / (s * window) if window < s else 0.5
         return [Kernel("attention-fwd", flops, run, s // shape.cp, window if window < s else 0)], 0, 0
     scores = heads * s * s * b
-    return _matmuls(flops // 2, flops // 2), EAGER_SCORES_FWD * scores, EAGER_SCORES_BWD * scores
+    fwd, bwd = (FUSED_SCORES_FWD, FUSED_SCORES_BWD) if shape.fused_softmax else (EAGER_SCORES_FWD, EAGER_SCORES_BWD)
+    return _matmuls(flops // 2, flops // 2), fwd * scores, bwd * scores
 
 
 def _projections(arch, shape) -> tuple[list[Kernel], Counter, Counter]:

@@ -50,6 +50,10 @@ class Shape:
     # `mtp.N` on the last stage (planner/profiler/analytic_mtp.py); 0 for every other source, which plans
     # the main model only (a Hugging Face config's num_nextn_predict_layers is not built by transformers)
     mtp: int = 0
+    # eager attention's softmax as Megatron's FusedScaleMaskSoftmax runs it under a causal mask (one
+    # ScaledUpperTriangMaskedSoftmax kernel, then torch's dropout; analytic_time.FUSED_SCORES_*), not Hugging
+    # Face's op-by-op softmax; only the time model reads it
+    fused_softmax: bool = False
 
     @property
     def d(self) -> int:
