@@ -291,30 +291,40 @@ def split(row: Row, work: Path, *, terms: bool = False) -> dict:
 def split_terms(row_id: str, stages, profile, setup, cost) -> dict:
     """§5's decompose.py: the bottleneck rank's terms x microbatches, and the rest of the iteration
     as the bubble (the reductions after a stage's last backward with it). Communication on the critical path is
-    the tensor-parallel collectives, the pipeline's sends, and context parallelism's K/V exchange beyond the
-    attention it overlaps (contextparallel.exchange_ms); torch's ring's own memory-bound kernels (the fp32 merge,
-    dQ/dK/dV, ring_membound_ms) are their own term; compute is the rest of the stage's time, of which the
+    the tensor-parallel collectives, the pipeline's sends that hold the rank, and context parallelism's K/V exchange
+    beyond the attention it overlaps (contextparallel.exchange_ms); torch's ring's own memory-bound kernels (the fp32
+    merge, dQ/dK/dV, ring_membound_ms) are their own term; compute is the rest of the stage's time, of which the
     attention core's flash calls under CP (the record's forward, again under a full recompute, and backward) are
-    `attention_core_s`."""
-    from planner.cost import comm, contextparallel, costmodel
+    `attention_core_s`. The sends a runtime runs beside the compute (Megatron-core's overlap_p2p_comm:
+    chunked.rank_sends_ms) hold no pass of the rank: not in its busy time but `sends_beside_s`, the part of
+    `sends_s` the receivers may wait for inside the bubble; its warm-up forwards' sends, which it waits for at
+    once, are busy. `fill_drain_s`: the interleaved schedule's fill and drain for equal stages, (P - 1) x the
+    bottleneck rank's F + B per microbatch / V (Narayanan et al. 2021), of which the bubble is the rest plus the
+    sends' waits and the stages' inequality."""
+    from planner.cost import chunked, comm, contextparallel, costmodel
 
     layers, microbatches = {layer.name: layer for layer in costmodel.layer_costs(profile)}, setup.pipeline.microbatches
+    sends = chunked.rank_sends_ms(stages, profile, setup)
     parts = []
-    for stage, stage_cost in zip(stages, cost.stages):
+    for stage, stage_cost, (beside, warm) in zip(stages, cost.stages, sends):
         options = {name: 1 if stage.recompute.get(name, "none") == "full" else 0 for name in stage.layers}
         tp = sum(comm.layer_comm_ms(layers[name], option, setup) for name, option in options.items())
         cp = sum(contextparallel.exchange_ms(layers[name], option, setup) for name, option in options.items())
         ring = sum(contextparallel.ring_membound_ms(layers[name], option, profile, setup)
                    for name, option in options.items())
         core = sum(_attention_core_ms(layers[name].context_parallel, option) for name, option in options.items())
-        parts.append((stage_cost.time_ms - tp - cp - ring, tp, cp, ring, stage_cost.comm_ms, stage_cost.step_ms, core))
-    compute, tp, cp, ring, sends, step, core = max(parts, key=lambda p: sum(p[:5]))
-    busy = microbatches * (compute + tp + cp + ring + sends) + step
+        parts.append((stage_cost.time_ms - tp - cp - ring, tp, cp, ring, stage_cost.comm_ms - beside, warm,
+                      stage_cost.step_ms, core, beside))
+    compute, tp, cp, ring, held, warm, step, core, beside = max(
+        parts, key=lambda p: microbatches * sum(p[:5]) + p[5] + p[6])
+    busy = microbatches * (compute + tp + cp + ring + held) + warm + step
+    fill = (setup.pipeline.stages - 1) * (compute + tp + cp + ring + held) / setup.pipeline.chunks
     return {"id": row_id, "iteration_s": cost.iteration_ms / 1e3, "compute_s": microbatches * compute / 1e3,
             "attention_core_s": microbatches * core / 1e3, "tp_comm_s": microbatches * tp / 1e3,
             "cp_exchange_s": microbatches * cp / 1e3, "cp_ring_membound_s": microbatches * ring / 1e3,
-            "sends_s": microbatches * sends / 1e3, "step_and_exposed_dp_s": step / 1e3,
-            "bubble_s": (cost.iteration_ms - busy) / 1e3}
+            "sends_s": (microbatches * held + warm) / 1e3, "step_and_exposed_dp_s": step / 1e3,
+            "bubble_s": (cost.iteration_ms - busy) / 1e3, "sends_beside_s": (microbatches * beside - warm) / 1e3,
+            "fill_drain_s": fill / 1e3}
 
 
 def microbatch_terms(row_id: str, stages, profile, setup, cost) -> dict:

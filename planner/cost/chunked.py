@@ -92,12 +92,31 @@ def chunked_linear_ms(ranks: Sequence[StagePlan], profile: Profile, setup: Train
             splits.append(splittime.stage_split(layers, options, setup))
     times = splittime.stage_times(per_stage, splits=splits)
     busy = [t.busy_ms for t in times]
-    beside = stagesends.beside_ms(order, stage_layers, view) or [(0.0, 0.0)] * len(busy)
-    held = stagesends.warmup_sends(order) if any(out for out, _ in beside) else [{}] * order.num_ranks
-    work = max(setup.pipeline.microbatches * sum(busy[k] - sum(beside[k]) for k in order.stages_of(r))
-               + sum(count * beside[k][0] for k, count in held[r].items()) for r in range(order.num_ranks))
+    sends = _rank_sends(order, stagesends.beside_ms(order, stage_layers, view))
+    work = max(setup.pipeline.microbatches * (sum(busy[k] for k in order.stages_of(r)) - sends[r][0]) + sends[r][1]
+               for r in range(order.num_ranks))
     step = max(sum(per_stage[k].step_ms for k in order.stages_of(r)) for r in range(order.num_ranks))
     return work + (order.num_ranks - 1) * max(busy) + step
+
+
+def rank_sends_ms(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> list[tuple[float, float]]:
+    """Per rank: (its stages' sends its runtime runs beside the compute, ms per microbatch
+    (stagesends.beside_ms), the sends of its warm-up forwards it waits for at once, ms in all
+    (stagesends.warmup_sends)): what chunked_linear_ms takes out of the rank's work and adds back to it,
+    (0, 0) where the runtime runs no send beside its compute."""
+    order = schedule_of(setup)
+    view = stages_view(setup, order)
+    costs = {layer.name: layer for layer in layer_costs(profile)}
+    stage_layers = [[costs[name] for name in stage.layers] for stage in pipeline_stages(ranks, setup)]
+    return _rank_sends(order, stagesends.beside_ms(order, stage_layers, view))
+
+
+def _rank_sends(order: schedules.Schedule, beside: list[tuple[float, float]] | None) -> list[tuple[float, float]]:
+    if not beside:
+        return [(0.0, 0.0)] * order.num_ranks
+    held = stagesends.warmup_sends(order) if any(out for out, _ in beside) else [{}] * order.num_ranks
+    return [(sum(sum(beside[k]) for k in order.stages_of(r)), sum(count * beside[k][0] for k, count in held[r].items()))
+            for r in range(order.num_ranks)]
 
 
 def sends_held_bytes(first: LayerCost, last: LayerCost, *, stage: int, order: schedules.Schedule,
