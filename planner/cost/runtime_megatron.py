@@ -33,8 +33,11 @@ MEGATRON_FSDP_V = "megatron-core 92c8482e (2025-12-01)"  # Megatron-FSDP as Mega
 # the least of the repeats' medians over the Linear's), docs/framework-facts.md §85, docs/published-runs.md §23.hostcall
 # "flash_cp2": the block under context parallelism 2, TE's AttnFuncWithCPAndKVP2P (the slower rank's; the same run's
 # block without CP: 36.89, 44.18): scripts/bench_host_cp.py, docs/framework-facts.md §97
+# "mla_flash", "mla_eager": a latent-attention dense block (MLASelfAttention, Megatron-LM d98e8a64): scripts/bench_host.py
+# --only "MLA,dense block" --fastest (7 repeats x 400 calls, torch 2.13.0 CPU; each repeat's fastest call, the machine
+# loaded by other work; the same run's dense blocks: 35.62, 36.51 and 45.09, 41.91), docs/framework-facts.md §882
 HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76), ("moe", 77.10, 86.41),
-                      ("flash_cp2", 68.85, 74.27))
+                      ("flash_cp2", 68.85, 74.27), ("mla_flash", 56.72, 55.81), ("mla_eager", 66.60, 66.21))
 # the host's time for the step outside the blocks, in torch Linear forwards: per microbatch the embedding's, the
 # output layer's and the loss's forward and backward, the DDP hook per tensor (with main_grad.add_, without); per
 # step a tensor's share of the optimizer's loops before its inner step and the fixed calls, of the inner step's and
@@ -228,7 +231,10 @@ def megatron() -> RuntimeFacts:
                                   "fused router and permute and TE's GroupedLinear (moe_layer.py, token_dispatcher.py, "
                                   "experts.py, Megatron-LM 0014f137), scripts/bench_host.py MoEBlock, §94; \"flash_cp2\": the "
                                   "block with TE's AttnFuncWithCPAndKVP2P at CP 2 (context_parallel.py 1407-2990, "
-                                  "TE f8a01cd5), scripts/bench_host_cp.py, §97",
+                                  "TE f8a01cd5), scripts/bench_host_cp.py, §97; \"mla_flash\", \"mla_eager\": the TE spec's "
+                                  "latent-attention block (gpt_layer_specs.py 244-318, multi_latent_attention.py "
+                                  "298-470, 638-1003, rope_utils.py 92-157, Megatron-LM d98e8a64), scripts/bench_host.py "
+                                  "MLABlock, §882",
             "timer_syncs": "Megatron-LM 2795ebde megatron/core/timers.py 130-155 (Timer.start and stop each "
                            "torch.cuda.synchronize(); a level above --timing-log-level gives a DummyTimer, 217-241), "
                            "schedules.py 268, 382, 487, training.py 1421 (§275-§277)",
