@@ -89,3 +89,25 @@ def test_from_megatron_reads_test_mode_as_modelled():
     report = json.loads(run_ok("evaluate", "--from-megatron", G14, "--gpus", 8, "--gpu", "h100", "--json").output)
     said = {s["name"]: s for s in report["settings"]}
     assert said["--test-mode"]["status"] == "modelled"
+
+
+def test_the_bench_replays_the_check_and_prints_its_parts_against_the_linear(capsys):
+    """scripts/bench_host_testmode.py: a rank's share asserts each norm equal (a differing entry fails, as the check
+    does), and the table holds the unit, the stack and a rank's share."""
+    import torch
+    from fixtures.scripts import load_script
+
+    bench = load_script("bench_host_testmode")
+    norms = bench._norms()
+    inputs = torch.stack(norms)
+    assert bench.one_rank(norms, inputs, inputs.clone()) > 0
+    with pytest.raises(AssertionError):
+        bench.one_rank(norms, inputs, inputs + 1)
+    threads = torch.get_num_threads()
+    try:
+        bench.main(["--repeats", "1", "--calls", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    rows = [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and not line.startswith("| part")]
+    assert rows == ["| torch Linear (the unit)", "| fixed (stack)", "| a rank (empty_like, unbind, 4 asserts)"]
