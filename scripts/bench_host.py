@@ -21,6 +21,9 @@ alltoall dispatcher, `--moe-router-fusion`, `--moe-permute-fusion` and TE's Grou
 docs/framework-facts.md §94): each TE fused kernel one op each way (_OneKernel), the split sizes' host copy
 (`.tolist()`), the all-to-alls left out (collectives: not run here).
 
+A fourth is a latent-attention block (MLABlock: Megatron-core's TE spec with MLASelfAttention, Megatron-LM d98e8a64;
+docs/framework-facts.md §882), with either attention stand-in.
+
 Each TE module stands for one torch Linear (or SDPA) call: TransformerEngine#2126 (2026-01-03) reads the BF16
 TE Linear's CPU overhead as "nearly the same with vanilla torch linear"; a stand-in, not TE's own code.
 
@@ -28,12 +31,13 @@ Prints, per part, the forward's and the backward's median time per call, its spr
 aten ops the part dispatches eager (TorchDispatchMode), and each as a multiple of the Linear forward: the least
 of the repeats' medians over the Linear's least (the host's own time; the rest is other work on a shared machine),
 beside the per-repeat ratios' median and range (the noise). Run:
-    PYTHONPATH=$PWD python scripts/bench_host.py [--repeats 7] [--calls 400] [--eager]
+    PYTHONPATH=$PWD python scripts/bench_host.py [--repeats 7] [--calls 400] [--eager] [--only "MLA,dense block"]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -117,7 +121,7 @@ class UnfusedAttention(nn.Module):
                                alpha=hn ** -0.5).view(b, heads, sq, sk)
         probs = F.dropout(_CausalSoftmax.apply(scores, 1.0), p=0.1, training=True)
         v2 = v.reshape(sk, b * heads, -1)
-        ctx = torch.bmm(probs.view(b * heads, sq, -1), v2.transpose(0, 1)).view(b, heads, sq, hn)
+        ctx = torch.bmm(probs.view(b * heads, sq, -1), v2.transpose(0, 1)).view(b, heads, sq, v.shape[-1])
         return ctx.permute(2, 0, 1, 3).contiguous().view(sq, b, -1)
 
 
@@ -213,6 +217,75 @@ class MoEBlock(Block):
         return FUSED["bda"](merged.view(S, B, H), self.fc2_bias, x, 0.1)
 
 
+# a latent attention's ranks and head dims (tiny); v as wide as q/k so that the SDPA stand-in runs one kernel (on
+# CPU unequal widths take its op-by-op math path; TE's fused attention is one call at any widths)
+Q_LORA, KV_LORA, QK_HEAD, QK_POS, V_HEAD = 12, 8, 4, 2, 6
+
+
+@functools.lru_cache(maxsize=32)
+def _yarn(seq_len: int):  # YarnRotaryEmbedding.forward, lru_cache'd (yarn_rotary_pos_embedding.py 159-161)
+    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), torch.ones(QK_POS))
+    return freqs[:, None, None, :], 1.0
+
+
+def _rotary(t, freqs, mscale: float):
+    """rope_utils.py _apply_rotary_pos_emb_bshd under mla_rotary_interleaved (apply_rope_fusion off), with
+    _rotate_half not interleaved."""
+    freqs = freqs.squeeze(-2) if freqs.dim() == t.dim() + 1 and freqs.size(-2) == 1 else freqs
+    rot_dim = freqs.shape[-1]
+    t, t_pass = t[..., :rot_dim], t[..., rot_dim:]
+    t = torch.cat((t[..., 0::2], t[..., 1::2]), dim=-1)
+    cos_, sin_ = (torch.cos(freqs) * mscale).to(t.dtype), (torch.sin(freqs) * mscale).to(t.dtype)
+    x1, x2 = torch.chunk(t, 2, dim=-1)
+    t = (t * cos_) + (torch.cat((-x2, x1), dim=-1) * sin_)
+    return torch.cat((t, t_pass), dim=-1)
+
+
+class MLABlock(Block):
+    """Megatron-core's TE layer spec with multi-latent attention, mla_down_proj_fusion off, no --qk-layernorm
+    (gpt_layer_specs.py 244-318, multi_latent_attention.py MLASelfAttention 298-470, 638-1003, Megatron-LM d98e8a64;
+    docs/framework-facts.md §882): input_layernorm (TENorm, its own module), the yarn rotary table (an lru_cache'd
+    call), linear_q_down_proj and linear_kv_down_proj (TELinear), the latent split, q_layernorm and kv_layernorm
+    (IdentityOp modules), linear_q_up_proj and linear_kv_up_proj (TEColumnParallelLinear), the q / kv views, the
+    k_pos_emb unsqueeze, the table's slice, the q and kv splits, rotary on q's and k's positional parts unfused
+    (apply_rope_fusion is off under --position-embedding-type learned_absolute: arguments.py 1628-1629), the query
+    cat, k_pos_emb's expand, the key cat, three .contiguous(), the core attention (the dense block's stand-ins),
+    linear_proj and its bias-dropout-add; then the dense block's MLP. Not run: k_pos_emb's gather from the
+    sequence-parallel region (a collective: its issue counted apart, planner/cost/hostcalls.py)."""
+
+    def __init__(self, attention: nn.Module | None = None):
+        super().__init__(attention)
+        self.input_layernorm = nn.LayerNorm(H)
+        self.linear_q_down_proj = nn.Linear(H, Q_LORA, bias=False)
+        self.linear_kv_down_proj = nn.Linear(H, KV_LORA + QK_POS, bias=False)
+        self.q_layernorm, self.kv_layernorm = nn.Identity(), nn.Identity()
+        self.linear_q_up_proj = nn.Linear(Q_LORA, HEADS * (QK_HEAD + QK_POS), bias=False)
+        self.linear_kv_up_proj = nn.Linear(KV_LORA, HEADS * (QK_HEAD + V_HEAD), bias=False)
+        self.linear_proj = nn.Linear(HEADS * V_HEAD, H, bias=False)
+
+    def attention_half(self, x):
+        hidden = self.input_layernorm(x)
+        freqs, mscale = _yarn(S)
+        q_compressed = self.linear_q_down_proj(hidden)
+        kv_combined = self.linear_kv_down_proj(hidden)
+        kv_compressed, k_pos_emb = torch.split(kv_combined, [KV_LORA, QK_POS], dim=-1)
+        q_compressed, kv_compressed = self.q_layernorm(q_compressed), self.kv_layernorm(kv_compressed)
+        q = self.linear_q_up_proj(q_compressed)
+        q = q.view(*q.size()[:-1], HEADS, QK_HEAD + QK_POS)
+        kv = self.linear_kv_up_proj(kv_compressed)
+        kv = kv.view(*kv.size()[:-1], HEADS, QK_HEAD + V_HEAD)
+        k_pos_emb = torch.unsqueeze(k_pos_emb, -2)
+        freqs = freqs[0:q.size(0)]
+        q_no_pe, q_pos_emb = torch.split(q, [QK_HEAD, QK_POS], dim=-1)
+        k_no_pe, value = torch.split(kv, [QK_HEAD, V_HEAD], dim=-1)
+        q_pos_emb, k_pos_emb = _rotary(q_pos_emb, freqs, mscale), _rotary(k_pos_emb, freqs, mscale)
+        query = torch.cat([q_no_pe, q_pos_emb], dim=-1)
+        key = torch.cat([k_no_pe, k_pos_emb.expand(-1, -1, HEADS, -1)], dim=-1)
+        query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+        ctx = self.core_attention(query, key, value)
+        return FUSED["bda"](self.linear_proj(ctx), self.proj_bias, x, 0.1)
+
+
 class _Count(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -223,14 +296,18 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+STAT = {"per_repeat": statistics.median}  # --fastest: min, the call no other process interrupted (a loaded machine)
+
+
 def _time(fn, calls: int) -> float:
-    """µs a call, the median over `calls` timed one by one (fn returns the seconds it timed)."""
-    return statistics.median(fn() for _ in range(calls)) * 1e6
+    """µs a call, the median (--fastest: the least) over `calls` timed one by one (fn returns the seconds it timed)."""
+    return STAT["per_repeat"](fn() for _ in range(calls)) * 1e6
 
 
 def parts():
     """(name, forward(x) -> out, input maker): each part's forward on fresh inputs that need a gradient."""
     torch.manual_seed(0)
+    _yarn(S)  # the rotary table built before any count or timing, as Megatron's lru_cache holds it across steps
     block = Block()
     unfused = Block(UnfusedAttention())
     lin = nn.Linear(H, H)
@@ -260,6 +337,8 @@ def parts():
         ("unfused attention (TE's UnfusedDotProductAttention)", lambda t: unfused.core_attention(*t), qkv_in),
         ("dense block, unfused attention", unfused, x_in),
         ("MoE block (alltoall dispatcher, fused router and permute)", MoEBlock(), x_in),
+        ("MLA block (latent attention, TE spec)", MLABlock(), x_in),
+        ("MLA block, unfused attention", MLABlock(UnfusedAttention()), x_in),
     ]
 
 
@@ -297,9 +376,15 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--eager", action="store_true", help="leave Megatron's jit_fuser functions uncompiled")
+    ap.add_argument("--only", default="", help="comma-separated words: time the parts whose names hold one (and "
+                    "the unit Linear); default: every part")
+    ap.add_argument("--fastest", action="store_true", help="each repeat's fastest call, not its median: on a "
+                    "machine other processes load, the calls none interrupted")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    rows = parts()
+    STAT["per_repeat"] = min if args.fastest else statistics.median
+    words = [w for w in args.only.split(",") if w]
+    rows = [row for i, row in enumerate(parts()) if not i or not words or any(w in row[0] for w in words)]
     # aten ops counted eager (a compiled function's graph runs as one kernel a device; counted op by op here)
     counts = {name: count_ops(fwd, make) for name, fwd, make in rows}
     if not args.eager:
@@ -311,6 +396,7 @@ def main(argv=None) -> None:
             samples[name].append(measure(fwd, make, args.calls))
     unit = [f for f, _ in samples[rows[0][0]]]
     print(f"torch {torch.__version__}, {'eager' if args.eager else 'compiled'} fused functions, "
+          f"{'fastest call' if args.fastest else 'median'} a repeat, "
           f"{args.repeats} repeats x {args.calls} calls, S={S} B={B} H={H} heads={HEADS} ffn={FFN}")
     print("| part | eager aten ops fwd / bwd | fwd µs, least (median) | bwd µs, least (median) | fwd / Linear fwd "
           "| bwd / Linear fwd | per-repeat ratios fwd, bwd: median (min-max) |")

@@ -32,7 +32,9 @@ def test_megatrons_record_reads_the_benchmarks_block():
     # scripts/bench_host.py's dense block in torch Linear forwards: forward, backward; with TE's fused attention and
     # with its unfused one
     assert runtimes.of(_setup().training).host_block_linears == (("flash", 36.72, 47.29), ("eager", 49.72, 52.76),
-                                                                  ("moe", 77.10, 86.41), ("flash_cp2", 68.85, 74.27))
+                                                                  ("moe", 77.10, 86.41), ("flash_cp2", 68.85, 74.27),
+                                                                  ("mla_flash", 56.72, 55.81),
+                                                                  ("mla_eager", 66.60, 66.21))
 
 
 def test_context_parallelism_2_takes_the_ring_blocks_host_time():
@@ -143,3 +145,21 @@ def test_a_moe_block_takes_the_moe_replicas_host_time(gpu, call_us):
     eager = profile.model_copy(update={"assumptions": {**profile.assumptions, "attention": "eager"}})
     assert hosttime.host_block_ms(eager, _setup(), moe=True) == (0.0, 0.0)
     assert hosttime.host_bound_ms(block, 0, profile, _setup("torchtitan")) == 0.0
+
+
+MLA = archs.Arch(name="tiny-mla", hidden_size=64, intermediate_size=160, num_layers=1, num_heads=4, num_kv_heads=4,
+                 vocab_size=128, tie_word_embeddings=False, max_position_embeddings=32, kv_lora_rank=16, q_lora_rank=24,
+                 qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
+
+
+def test_a_latent_attention_block_takes_the_mla_blocks_host_time():
+    """scripts/bench_host.py's MLABlock (MLASelfAttention's own norm, four latent projections, unfused rotary, cats):
+    by the profile's attention kind, not the dense block's; a MoE block keeps the "moe" entry."""
+    profile, _ = _layers(MLA, "h100")
+    assert profile.assumptions["attention"] == "flash"
+    assert hosttime.host_block_ms(profile, _setup()) == pytest.approx((56.72 * 13.48e-3, 55.81 * 13.48e-3))
+    eager = profile.model_copy(update={"assumptions": {**profile.assumptions, "attention": "eager"}})
+    assert hosttime.host_block_ms(eager, _setup()) == pytest.approx((66.60 * 13.48e-3, 66.21 * 13.48e-3))
+    assert hosttime.host_block_ms(profile, _setup(), moe=True) == pytest.approx((77.10 * 13.48e-3, 86.41 * 13.48e-3))
+    gb200, _ = _layers(MLA, "gb200")
+    assert hosttime.host_block_ms(gb200, _setup()) == pytest.approx((56.72 * 37.08e-3, 55.81 * 37.08e-3))

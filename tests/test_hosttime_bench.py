@@ -43,6 +43,22 @@ def test_the_moe_blocks_forward_is_its_parts(bench):
         attention_half + router + dispatch + experts + combine == 61
 
 
+def test_the_mla_blocks_forward_is_its_parts(bench):
+    """MLASelfAttention's forward op by op (multi_latent_attention.py 638-1003, rope_utils.py 92-157 at d98e8a64)."""
+    ops = _forward_ops(bench)
+    linear = 4  # a bias-free Linear over [s, b, h]: view, t, mm, view
+    latents = 1 + 2 * linear + 1 + 2 * (linear + 1)  # input norm; the down projections; the split; up projections, views
+    rotary = 2 + 3 + 4 + 6 + 1  # t / t_pass slices; the interleave (2 slices, cat); cos, mul, sin, mul; _rotate_half
+    # (chunk, neg, cat), t * cos, * sin, add; the final cat (the casts to the same dtype dispatch nothing)
+    glue = 1 + 1 + 2 + 2 * rotary + 1 + 1 + 1 + 1  # unsqueeze; the table's slice; q / kv splits; cats, expand, value's
+    # .contiguous() (a split's slice: a clone; the cats' outputs are contiguous already)
+    mlp = ops["bias-gelu (GeLUFunction)"] + 2 * linear + ops["bias-dropout-add"]
+    tail = linear + ops["bias-dropout-add"] + mlp  # linear_proj, its bias-dropout-add, the dense MLP
+    assert ops["MLA block (latent attention, TE spec)"] == latents + glue + ops["core_attention stand-in"] + tail == 101
+    unfused = ops["unfused attention (TE's UnfusedDotProductAttention)"]
+    assert ops["MLA block, unfused attention"] == latents + glue + unfused + tail == 120
+
+
 def test_the_script_prints_each_part_against_the_linear(bench, capsys):
     threads = torch.get_num_threads()
     try:
@@ -51,6 +67,20 @@ def test_the_script_prints_each_part_against_the_linear(bench, capsys):
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| part")]
-    assert len(rows) == 9
+    assert len(rows) == 11
     assert rows[0].startswith("| torch Linear (the unit) | 4 / 14 |") and "| 1.00 |" in rows[0]
     assert rows[5].startswith("| dense block (TE spec replica) | 48 / 83 |")
+    assert rows[9].startswith("| MLA block (latent attention, TE spec) | 101 / ")
+
+
+def test_only_and_fastest_time_the_named_parts_by_each_repeats_fastest_call(bench, capsys):
+    threads = torch.get_num_threads()
+    try:
+        bench.main(["--repeats", "1", "--calls", "2", "--eager", "--fastest", "--only", "MLA"])
+    finally:
+        torch.set_num_threads(threads)
+        bench.STAT["per_repeat"] = bench.statistics.median
+    out = capsys.readouterr().out
+    rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ") and not line.startswith("| part")]
+    assert rows == ["| torch Linear (the unit)", "| MLA block (latent attention, TE spec)", "| MLA block, unfused attention"]
+    assert "fastest call a repeat" in out

@@ -261,7 +261,7 @@ def _with_settings(options, job):
                                 unfused_grad_accumulation=modelled.unfused_grad_accumulation,
                                 log_params_norm=modelled.log_params_norm,
                                 log_num_zeros_in_grad=modelled.log_num_zeros_in_grad,
-                                timing_log_level=modelled.timing_log_level,
+                                timing_log_level=modelled.timing_log_level, test_mode=modelled.test_mode,
                                 deterministic=modelled.deterministic,
                                 grad_reduce_bf16=modelled.grad_reduce_bf16,
                                 te_cross_entropy=modelled.te_cross_entropy,

@@ -83,6 +83,9 @@ SETTING_OPTIONS = [
                  help="Megatron-LM's flag: torch's deterministic algorithms, whose NaN fill writes each of "
                       "Transformer Engine's outputs once more; its deterministic attention backward has no "
                       "published rate and is timed as the other (--runtime megatron)."),
+    click.option("--test-mode", "test_mode", is_flag=True,
+                 help="Megatron-LM's flag: each attention forward with q/k norms all-gathers them over DP and TP and "
+                      "asserts them equal on the host, syncing the device (--runtime megatron)."),
     click.option("--grad-reduce-in-bf16", "grad_reduce_bf16", is_flag=True,
                  help="Megatron-LM's flag: gradients accumulated and reduced in bf16 (2 B a parameter, not the fp32 "
                       "main_grad's 4), the distributed optimizer's step copying its shard to fp32 (--runtime megatron)."),
@@ -125,7 +128,7 @@ SETTING_OPTIONS = [
 SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac", "float8", "fp8_all_gather",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
                         "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "timing_log_level",
-                        "deterministic",
+                        "deterministic", "test_mode",
                         "expandable_segments", "grad_reduce_bf16", "te_cross_entropy", "fused_cross_entropy",
                         "te_grouped_gemm", "local_layers", "nccl_ring_simple", "nccl_nvls_off",
                         "fp8_current_scaling", "fp8_delayed_scaling", "fp8_amax_history_len", "fp8_amax_tp_only")
@@ -169,6 +172,7 @@ class TrainingSettings:
     log_num_zeros_in_grad: bool = False
     timing_log_level: int = 0
     deterministic: bool = False
+    test_mode: bool = False
     expandable_segments: bool | None = None  # None: as the runtime's launch script sets it
     grad_reduce_bf16: bool = False
     te_cross_entropy: bool = False

@@ -26,6 +26,10 @@ The host time is a floor, from a published absolute and a measured ratio:
   AttnFuncWithCPAndKVP2P's two ring steps a pass (scripts/bench_host_cp.py, §97; other CP sizes: the block
   without the ring, not measured). Not in it: the local spec's own modules (read as the TE spec's, as its
   kernels are), the attention dropout's RNG-tracker fork, the ring's sends, receives, CUDA streams and events.
+- what a latent-attention dense block's passes cost (the record's "mla_flash" and "mla_eager"): scripts/bench_host.py's
+  MLABlock (Megatron-core's TE spec with MLASelfAttention at d98e8a64: its own input norm, the four latent
+  projections, the latent split, the IdentityOp norms, the unfused rotary on q's and k's positional parts, the cats;
+  docs/framework-facts.md §882); a MoE block with latent attention is read as the "moe" entry (dense attention).
 - what a MoE block's passes cost in such Linears (the record's "moe" entry): scripts/bench_host.py's MoE
   replica (the dense block's attention half, then Megatron-core's MoELayer with the alltoall dispatcher,
   fused router and permute, TE's GroupedLinear, the compiled weighted SwiGLU; docs/framework-facts.md §94).
@@ -92,16 +96,19 @@ EMBEDDING = "embedding"
 HEAD = "norm+lm_head"
 MOE_BLOCK = "moe_block"
 MOE = "moe"  # the record's host_block_linears entry of a MoE block (the alltoall dispatcher's; flash attention)
+MLA = "mla"  # the record's host_block_linears entries of a latent-attention dense block: "mla_flash", "mla_eager"
 
 
 def host_block_ms(profile: Profile, setup: TrainSetup, *, moe: bool = False) -> tuple[float, float]:
     """ms the host takes to issue one dense block's forward and its backward (the module's docstring), the
-    record's figure for the profile's attention kind (under context parallelism with TE's p2p ring, the kind's
-    "_cp<N>" entry where the record measured one); `moe`: a MoE block's (the record's "moe" entry, measured
+    record's figure for the profile's attention kind (a latent attention's: "mla_<kind>"; under context parallelism
+    with TE's p2p ring, the kind's "_cp<N>" entry where the record measured one); `moe`: a MoE block's (the record's "moe" entry, measured
     with flash attention: none under another kind); (0, 0) where the record or the profile's GPU has none."""
     kind = profile.assumptions.get("attention")
     if moe:
         kind = MOE if kind == "flash" else None
+    elif (profile.assumptions.get("model") or {}).get("kv_lora_rank"):
+        kind = f"{MLA}_{kind}"  # a latent attention's block (MLASelfAttention), measured apart
     linears = {name: (fwd, bwd) for name, fwd, bwd in runtimes.of(setup.training).host_block_linears}
     cp = int(profile.assumptions.get("cp", 1) or 1)
     ring = f"{kind}_cp{cp}"  # TE's p2p ring at this CP size, where measured; else the block without it

@@ -27,3 +27,12 @@ def compile_refused(training, record: RuntimeFacts) -> list[str]:
         return []
     return [f"--compile {said} asks for torch.compile, and {record.name}'s runtime ({record.version}) does not "
             f"compile the model: it runs {record.runs_instead}; drop --compile, or score with --runtime torchtitan"]
+
+
+def test_mode_refused(training, record: RuntimeFacts) -> list[str]:
+    """Megatron-LM's --test-mode under a runtime whose record has no realtime check (host_rest_linears without
+    "realtime_tests")."""
+    if not getattr(training, "test_mode", False) or any(name == "realtime_tests" for name, *_ in record.host_rest_linears):
+        return []
+    return [f"--test-mode is Megatron-LM's (its attention's realtime q/k norm checks), read for --runtime megatron only; "
+            f"{record.name} runs no such check: drop it or choose --runtime megatron"]

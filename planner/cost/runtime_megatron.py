@@ -33,8 +33,11 @@ MEGATRON_FSDP_V = "megatron-core 92c8482e (2025-12-01)"  # Megatron-FSDP as Mega
 # the least of the repeats' medians over the Linear's), docs/framework-facts.md §85, docs/published-runs.md §23.hostcall
 # "flash_cp2": the block under context parallelism 2, TE's AttnFuncWithCPAndKVP2P (the slower rank's; the same run's
 # block without CP: 36.89, 44.18): scripts/bench_host_cp.py, docs/framework-facts.md §97
+# "mla_flash", "mla_eager": a latent-attention dense block (MLASelfAttention, Megatron-LM d98e8a64): scripts/bench_host.py
+# --only "MLA,dense block" --fastest (7 repeats x 400 calls, torch 2.13.0 CPU; each repeat's fastest call, the machine
+# loaded by other work; the same run's dense blocks: 35.62, 36.51 and 45.09, 41.91), docs/framework-facts.md §882
 HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76), ("moe", 77.10, 86.41),
-                      ("flash_cp2", 68.85, 74.27))
+                      ("flash_cp2", 68.85, 74.27), ("mla_flash", 56.72, 55.81), ("mla_eager", 66.60, 66.21))
 # the host's time for the step outside the blocks, in torch Linear forwards: per microbatch the embedding's, the
 # output layer's and the loss's forward and backward, the DDP hook per tensor (with main_grad.add_, without); per
 # step a tensor's share of the optimizer's loops before its inner step and the fixed calls, of the inner step's and
@@ -42,12 +45,15 @@ HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76), ("moe", 
 # scripts/bench_host_step.py (9 repeats x 200 calls, torch 2.13.0 CPU), docs/framework-facts.md §97; and the calls beside
 # the layers' ops (planner/cost/hostcalls.py): a collective's issue by kind (per call, torch's fake backend), the
 # --overlap-param-gather forward pre-hook (a module, a parameter it holds), get_batch's copy (a key):
-# scripts/bench_host_comm.py (15 repeats x 200 calls, torch 2.13.0 CPU), docs/framework-facts.md §106
+# scripts/bench_host_comm.py (15 repeats x 200 calls, torch 2.13.0 CPU), docs/framework-facts.md §106; --test-mode's
+# realtime check in each attention forward (the stack, a rank's empty_like, unbind and four asserts): scripts/
+# bench_host_testmode.py (9 repeats x 400 calls, torch 2.13.0 CPU), docs/framework-facts.md §881
 HOST_REST_LINEARS = (("embedding", 3.81, 5.63), ("output", 2.34, 5.90), ("loss", 12.76, 9.70),
                      ("grad_hook", 0.18, 0.04), ("step", 0.48, 2.16), ("inner_step", 0.41, 0.0),
                      ("zeros", 0.67, 0.08), ("params_norm", 0.03, 2.40),
                      ("all-reduce", 0.40, 0.0), ("all-gather", 0.85, 0.0), ("reduce-scatter", 0.82, 0.0),
-                     ("broadcast", 0.40, 0.0), ("pre_hook", 0.22, 0.07), ("get_batch", 0.14, 0.0))
+                     ("broadcast", 0.40, 0.0), ("pre_hook", 0.22, 0.07), ("get_batch", 0.14, 0.0),
+                     ("realtime_tests", 0.13, 1.21))
 # the scalar all-reduces of a step (planner/cost/stepcomm.py, docs/framework-facts.md §121), Megatron-LM 93ebf8d7: the
 # gradients' norm (clip_grads.py get_grad_norm_fp32 132), count_zeros (clip_grads.py 271), calc_params_l2_norm's
 # sharded, expert-sharded and model-parallel sums (megatron/training/utils/common_utils.py 171-213)
@@ -225,7 +231,10 @@ def megatron() -> RuntimeFacts:
                                   "fused router and permute and TE's GroupedLinear (moe_layer.py, token_dispatcher.py, "
                                   "experts.py, Megatron-LM 0014f137), scripts/bench_host.py MoEBlock, §94; \"flash_cp2\": the "
                                   "block with TE's AttnFuncWithCPAndKVP2P at CP 2 (context_parallel.py 1407-2990, "
-                                  "TE f8a01cd5), scripts/bench_host_cp.py, §97",
+                                  "TE f8a01cd5), scripts/bench_host_cp.py, §97; \"mla_flash\", \"mla_eager\": the TE spec's "
+                                  "latent-attention block (gpt_layer_specs.py 244-318, multi_latent_attention.py "
+                                  "298-470, 638-1003, rope_utils.py 92-157, Megatron-LM d98e8a64), scripts/bench_host.py "
+                                  "MLABlock, §882",
             "timer_syncs": "Megatron-LM 2795ebde megatron/core/timers.py 130-155 (Timer.start and stop each "
                            "torch.cuda.synchronize(); a level above --timing-log-level gives a DummyTimer, 217-241), "
                            "schedules.py 268, 382, 487, training.py 1421 (§275-§277)",
@@ -247,7 +256,9 @@ def megatron() -> RuntimeFacts:
                                  "the collectives' issue (torch.distributed's wrapper and c10d's dispatch, torch 2.13.0's "
                                  "fake backend), distributed_data_parallel.py 485-536 and param_and_grad_buffer.py 538-560 "
                                  "(the forward pre-hook), pretrain_gpt.py 110-150 and core/utils.py 2167-2320 "
-                                 "(get_batch): scripts/bench_host_comm.py, docs/framework-facts.md §106",
+                                 "(get_batch): scripts/bench_host_comm.py, docs/framework-facts.md §106; \"realtime_tests\": "
+                                 "attention.py 1753-1822 run_realtime_tests (--test-mode), Megatron-LM d98e8a64: "
+                                 "scripts/bench_host_testmode.py, docs/framework-facts.md §881",
             "deterministic_attention": "--deterministic-mode asks for NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (megatron/core/"
                                        "extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b; 1697-1702 "
                                        "at 7e6a045a) and passes config.attention_dropout (default 0.1, "

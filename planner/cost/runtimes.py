@@ -30,7 +30,7 @@ from planner.cost import (
     runtime_titan,
 )
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETTINGS_NOT_READ
-from planner.cost.record_refusals import compile_refused, timers_refused
+from planner.cost.record_refusals import compile_refused, test_mode_refused, timers_refused
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
@@ -392,7 +392,8 @@ def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool, te_fused: bool
 def refused_settings(training, *, tp: int = 1) -> list[str]:
     """One sentence per setting of `training` the cost model does not model (none silently
     ignored): the command refuses the first; a config reader lists them all."""
-    refused = compile_refused(training, of(training)) + timers_refused(training, of(training))
+    refused = compile_refused(training, of(training)) + timers_refused(training, of(training)) \
+        + test_mode_refused(training, of(training))
     record = of(training) if training.float8 or training.fp8_all_gather else None
     if training.float8 and record.float8 is None:
         refused.append(f"Float8 linears (--float8) are not modelled under --runtime {training.runtime}: its Float8 "

@@ -29,6 +29,7 @@ from planner.cost import (
     megatron_dp,
     megatron_loss,
     nccl_sms,
+    realtime_tests,
     stepcomm,
     stepcounts,
     te_delayed,
@@ -290,6 +291,10 @@ TERMS: tuple[Term, ...] = (
          "scripts/bench_host.py) and host_rest_linears (bench_host_step.py; the collectives' issue, "
          "--overlap-param-gather's pre-hooks and get_batch: bench_host_comm.py, hostcalls.py) at the host's "
          "CPU time per Linear forward (GPU.host_call_us: TransformerEngine#2053; DGX A100's carried by SPECint)"),
+    Term("Megatron-LM's --test-mode checks in each attention forward (q/k norms gathered, asserted on the host)",
+         "time", "layer", lambda layer, ckpt, ctx: realtime_tests.realtime_tests_ms(layer, ckpt, ctx.profile, ctx.setup),
+         "attention.py run_realtime_tests, Megatron-LM d98e8a64: the host's issue (scripts/bench_host_testmode.py, "
+         "GPU.host_call_us) and two all-gathers' NCCL Ring latency (tuning.cc v2.27.7-1)"),
     Term("Transformer Engine's attention under deterministic mode beyond the kernels the profile times", "time",
          "layer", lambda layer, ckpt, ctx: jobsettings.deterministic_attention_ms(layer, ckpt, ctx.profile, ctx.setup),
          "the record's deterministic_attention: cuDNN's deterministic backward on sm90 and on sm100+ without dropout "

@@ -226,6 +226,9 @@ class TrainingSetup(Strict):
     # Megatron-LM's --timing-log-level: its timers above level 0 synchronize the device at each start and stop
     # (the record's timer_syncs; planner/cost/hosttime.py timer_sync_ms; refused where the record has none)
     timing_log_level: int = Field(default=0, ge=0, le=2)
+    # Megatron-LM's --test-mode: each attention forward all-gathers its q/k norms over DP and TP and asserts them
+    # equal on the host (the record's host_rest_linears "realtime_tests"; planner/cost/realtime_tests.py)
+    test_mode: bool = False
     # Megatron-LM's --deterministic-mode: torch's deterministic algorithms, whose NaN fill of each
     # aten::empty writes Transformer Engine's outputs twice (the record's fills_te_outputs)
     deterministic: bool = False

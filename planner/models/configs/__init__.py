@@ -64,6 +64,7 @@ class JobSettings:
     log_params_norm: bool = False
     log_num_zeros_in_grad: bool = False
     timing_log_level: int = 0  # Megatron-LM's --timing-log-level (its timers' synchronizes)
+    test_mode: bool = False  # Megatron-LM's --test-mode (the attention's realtime q/k norm checks)
     deterministic: bool = False  # Megatron-LM's --deterministic-mode (its NaN fill; attention not charged)
     grad_reduce_bf16: bool = False  # Megatron-LM's --grad-reduce-in-bf16
     te_cross_entropy: bool = False  # Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te

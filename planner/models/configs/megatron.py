@@ -16,6 +16,7 @@ from planner.errors import UserError
 from planner.models.archs import Arch
 from planner.models.configs import Job, Recompute, megatron_env, megatron_gptoss, pending
 from planner.models.configs.megatron_args import Flags, check_positions, positive, unread_positions
+from planner.models.configs.megatron_checks import read_test_mode
 from planner.models.configs.megatron_ddp import read_data_parallel
 from planner.models.configs.megatron_deepspeed import megatron_lm_flags, read_deepspeed
 from planner.models.configs.megatron_files import (
@@ -434,9 +435,7 @@ def _settings(flags: Flags, job: Job) -> None:
 
 
 def _test_settings(flags: Flags, job: Job) -> None:
-    """The settings Megatron-LM's functional tests run that move bytes (the runtime record's
-    main_grad_hook, logged_read_shard_bytes; planner/cost/jobsettings.py), each a flag of
-    arguments.py at 6e091e1b."""
+    """Megatron-LM's functional tests' settings that cost bytes or time, each a flag of arguments.py (6e091e1b)."""
     modelled = job.modelled
     modelled.unfused_grad_accumulation = bool(flags.take(
         "--no-gradient-accumulation-fusion", "each weight gradient written in bf16 and added into the fp32 main_grad "
@@ -444,6 +443,7 @@ def _test_settings(flags: Flags, job: Job) -> None:
     modelled.log_params_norm = bool(flags.take(
         "--log-params-norm", "the parameters' norm over the rank's fp32 shard every iteration: 4 B a parameter of the "
         "shard a step (--log-params-norm)", bool, False))
+    read_test_mode(flags, modelled)
     modelled.log_num_zeros_in_grad = bool(flags.take(
         "--log-num-zeros-in-grad", "the gradients' zeros counted over the rank's fp32 shard every step: 4 B a "
         "parameter of the shard (--log-num-zeros-in-grad)", bool, False))

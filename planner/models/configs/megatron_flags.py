@@ -149,9 +149,6 @@ NOT_MODELLED = {
     "--yaml-cfg": "more arguments in another YAML file, which is not read: give them in this file",
     "--fp16-lm-cross-entropy": "the cross-entropy on fp16 logits (fp16 runs): charged as the fp32 loss region",
     "--no-overlap-p2p-communication": "pipeline sends not overlapped with compute: time",
-    "--test-mode": "Megatron-core's realtime tests: each attention forward after the q/k norms all-gathers and "
-                   "asserts across DP and TP (attention.py 1938-1939 at d98e8a64; docs/framework-facts.md §199): "
-                   "the collectives and host syncs are not charged",
     "--ddp-num-buckets": "gradient-reduction bucket count: how much of the reduction overlaps the backward (time)",
     "--squared-relu": "a squared-ReLU MLP: scored as the MLP the other flags give (SwiGLU or GeLU)",
     "--openai-gelu": "OpenAI's GeLU approximation: the same tensors, another kernel (time)",
