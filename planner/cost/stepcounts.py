@@ -19,7 +19,12 @@ STEP_COUNT_BYTES = 4  # torch.tensor(0.0): float32 under the default dtype (opti
 
 def per_tensor_bytes(profile: Profile, setup: TrainSetup) -> int:
     """A step count's device bytes: 4 for Adam on a CPU device with the optimizer on it, else 0."""
-    on_device = profile.device.type == "cpu" and not setup.data_parallel.offload
+    return device_bytes(profile.device.type, setup)
+
+
+def device_bytes(device_type: str, setup: TrainSetup) -> int:
+    """per_tensor_bytes on a `device_type` device."""
+    on_device = device_type == "cpu" and not setup.data_parallel.offload
     return STEP_COUNT_BYTES if on_device and setup.training.optimizer == "adam" else 0
 
 
