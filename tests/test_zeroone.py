@@ -95,3 +95,21 @@ def test_solvers_and_evaluate_charge_the_partition(cap_mib):
             assert cost.static_bytes == pytest.approx(even + _fullest(held, 4, 12) - 12 * sum(held) / 4
                                                       - 4 * len(held))
     assert results[1].cost.iteration_ms == pytest.approx(results[0].cost.iteration_ms, rel=1e-6)
+
+
+def test_a_measured_profile_records_each_trained_tensor(tmp_path):
+    """The tied GPT (tests/fixtures/tied_gpt.py, dim 32, vocab 64, seq 16): each layer's trained tensors in its
+    parameters() order (a module's own before its children's); on one stage the head's tied weight is the embedding's tensor, partitioned once."""
+    from conftest import ROOT
+    from fixtures.cli import run_ok
+
+    from planner import io
+
+    run_ok("profile", ROOT / "tests" / "fixtures" / "tied_gpt.py", "--micro-batch-size", "2", "--threads", "1",
+           "--repeats", "1", "--warmup", "0", "--out", tmp_path / "p.json")
+    profile = io.load_profile(tmp_path / "p.json")
+    numels = {item.name: item.trained_param_numels for item in profile.layers}
+    block = [32, 32, 32 * 96, 96, 32 * 32, 32, 32, 32, 32 * 128, 128, 128 * 32, 32]  # ln1, attn in/out, ln2, mlp
+    assert numels == {"embed": [64 * 32, 16 * 32], **{f"blocks.{i}": block for i in range(4)}, "head": [64 * 32, 32, 32]}
+    head = costmodel.layer_costs(profile)[-1]
+    assert head.zero_one_numels(1) == (32, 32) and head.zero_one_numels(2) == (64 * 32, 32, 32)
