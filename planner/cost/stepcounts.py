@@ -4,8 +4,8 @@ where the profile's device is the CPU (ckplan's runtime on gloo), host memory be
 = 208 B of the tied GPT fixture's peak at ZeRO 0, 2 and 3 (dp 2).
 
 FSDP2 (ZeRO 2/3) keeps one per parameter, every rank a shard of each; ZeroRedundancyOptimizer (ZeRO 1) only its
-partition's, which the profile's per-layer counts do not say: charged all of them, over by at most the other ranks'
-4 B each. An offloaded optimizer's are the host's (planner/runtime/offload.py). A profile that records no tensor
+partition's: charged all of them here, and zeroone.py charges the fullest rank's own instead where the profile records
+each tensor's size (else over by at most the other ranks' 4 B each). An offloaded optimizer's are the host's (planner/runtime/offload.py). A profile that records no tensor
 count (analytic ones, those made before) charges none.
 """
 
