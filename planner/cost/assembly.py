@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from planner.cost import (
     boundgrad,
+    dataparallel,
     gathered,
     loss_records,
     megatron_fsdp_moments,
@@ -311,6 +312,11 @@ class StageRun:
     scratch_sum: float = 0.0
     scratch_max: float = 0.0
     numels: list[int] | None = field(default_factory=list)  # its trained tensors' (None: a layer's not known)
+    # whether ZeRO 1 partitions whole tensors here (zeroone.py); else no numels are gathered
+    partitioned: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.partitioned = bool(dataparallel.whole_tensor_optim_bytes(self.setup))
 
     def add(self, *, time_ms: float, held_bytes: float, step_ms: float, host_bytes: float, params: int,
             largest_params: int, scratch_bytes: float, numels: tuple[int, ...] | None = None) -> None:
@@ -322,7 +328,8 @@ class StageRun:
         self.largest_params = max(self.largest_params, largest_params)
         self.scratch_sum += scratch_bytes
         self.scratch_max = max(self.scratch_max, scratch_bytes)
-        self.numels = None if self.numels is None or numels is None else self.numels + list(numels)
+        if self.partitioned:
+            self.numels = None if self.numels is None or numels is None else self.numels + list(numels)
 
     @property
     def held_bytes(self) -> float:
