@@ -13,7 +13,7 @@ from planner.models import archs
 from planner.profiler import analytic
 
 BYTE_FIELDS = ("act_bytes", "input_bytes", "output_bytes", "input_in_act_bytes", "param_count", "param_bytes",
-               "largest_param_count", "lookup_param_count", "transient_bytes")
+               "largest_param_count", "trained_param_numels", "lookup_param_count", "transient_bytes")
 PROFILE_BYTES = ("batch_input_bytes", "batch_target_bytes", "loss_bytes", "loss_transient_bytes")
 
 CHAIN = '''

@@ -87,8 +87,16 @@ def _pinned(plan_path, profile_path, cut: int):
 # still held (§438): charged now, 79,640; at ZeRO 2 charged 79,640 where it measures 75,044-75,288 (§42.dpseg's loaded
 # runs measured 8,448 B more: 3,852 B above, left). Measured in /tmp/zero3split (§41.zero3split), /tmp/glooclone
 # (§43.glooclone) and this branch's runs.
-OVER_FIRST = {(1, 2): 5_120 + 2_048 - 2_944, (1, 3): 10_240 + 5_120 + 2_048 - 2_944}  # the usual run's over
-OVER_LAST = {(5, 3): 8_448 + 128, (5, 2): 4_352 + 252}
+# A stage of one unit also charges, through its backward, its previous microbatch's reduce-scatter input (the unit's
+# gradients: the embedding's 10,240 B, the head's 8,448) that gloo's work may still hold (gloowork.
+# earlier_reduce_scatter_bytes, §860): the head alone at ZeRO 2 measured 83,736 B in one fresh-clone CI run of five
+# (§67.lead), 4,096 above main's 79,640, and exactly that with its first reduce-scatter's input held to its second
+# (scripts/peak_live.py, PEAK_LIVE_HOLD_RS); the usual run now 8,448 B further below its prediction (the head's
+# backward, the embedding's backward now 896 B above its reduce-scatter moment: 896 more there). Never under.
+EARLIER = {(1, 2): 896, (1, 3): 896, (5, 2): 8_448, (5, 3): 8_448}
+OVER_FIRST = {(1, 2): 5_120 + 2_048 - 2_944 + EARLIER[1, 2],  # the usual run's over
+              (1, 3): 10_240 + 5_120 + 2_048 - 2_944 + EARLIER[1, 3]}
+OVER_LAST = {(5, 3): 8_448 + 128 + EARLIER[5, 3], (5, 2): 4_352 + 252 + EARLIER[5, 2]}
 # A first stage whose worst rank, under load, peaks one moment later with an earlier collective's buffer still held
 # (the other rank of the stage at the usual bytes; §438): [embed, blocks.0-1] at ZeRO 3 peaks at blocks.0's
 # copy-out in the first backward with a third 50,816 B tensor (12,704 parameters x 4, a block's size) beside its

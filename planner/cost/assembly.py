@@ -4,7 +4,7 @@ quantity combined as it declares, and a whole plan's iteration."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.cost import (
     boundgrad,
@@ -12,7 +12,9 @@ from planner.cost import (
     gathered,
     loss_records,
     megatron_fsdp_moments,
+    stepcounts,
     te_offload,
+    zeroone,
 )
 from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.rules import compute_ms, input_pass_peak_bytes, layer_step_ms, layer_time_ms
@@ -309,9 +311,15 @@ class StageRun:
     largest_params: int = 0
     scratch_sum: float = 0.0
     scratch_max: float = 0.0
+    numels: list[int] | None = field(default_factory=list)  # its trained tensors' (None: a layer's not known)
+    # whether ZeRO 1 partitions whole tensors here (zeroone.py); else no numels are gathered
+    partitioned: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.partitioned = bool(dataparallel.whole_tensor_optim_bytes(self.setup))
 
     def add(self, *, time_ms: float, held_bytes: float, step_ms: float, host_bytes: float, params: int,
-            largest_params: int, scratch_bytes: float) -> None:
+            largest_params: int, scratch_bytes: float, numels: tuple[int, ...] | None = None) -> None:
         self.time_ms += time_ms
         self.layers_held_bytes += held_bytes
         self.step_ms += step_ms
@@ -320,11 +328,15 @@ class StageRun:
         self.largest_params = max(self.largest_params, largest_params)
         self.scratch_sum += scratch_bytes
         self.scratch_max = max(self.scratch_max, scratch_bytes)
+        if self.partitioned:
+            self.numels = None if self.numels is None or numels is None else self.numels + list(numels)
 
     @property
     def held_bytes(self) -> float:
-        """The layers' held bytes with ZeRO 1's whole tensors (dataparallel.zero_one_excess_bytes)."""
-        return self.layers_held_bytes + dataparallel.zero_one_excess_bytes(self.params, self.largest_params, self.setup)
+        """The layers' held bytes with ZeRO 1's whole tensors (zeroone.excess_bytes)."""
+        return self.layers_held_bytes + zeroone.excess_bytes(
+            self.numels, param_count=self.params, largest=self.largest_params, setup=self.setup,
+            step_bytes=stepcounts.device_bytes(self.device_type, self.setup))
 
     @property
     def step_scratch_bytes(self) -> float:
@@ -363,8 +375,11 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
     # FSDP2's units beside a pipeline at the stage's own moments (the DP's: solve/dpmoments.py)
     per_layer = gathered.stage_unit_moments(layers, options, per_layer, stage=stage, profile=profile, setup=setup,
                                             microbatch_kept=sum(totals[q] for q in quantities("kept")))
-    static = totals["static"] + dataparallel.zero_one_excess_bytes(
-        sum(layer.trained_count for layer in layers), max(layer.largest_trained_count for layer in layers), setup)
+    static = totals["static"] + zeroone.excess_bytes(
+        zeroone.stage_numels(layer.zero_one_numels(setup.pipeline.stages) for layer in layers),
+        param_count=sum(layer.trained_count for layer in layers),
+        largest=max(layer.largest_trained_count for layer in layers), setup=setup,
+        step_bytes=stepcounts.per_tensor_bytes(profile, setup))
     loss_extra = stage_value("extra", stage, ctx)
     # the loss's scratch is gone before the stage's layers run their backward, and what the loss keeps (the last
     # stage) is freed before any of them does: after the last layer; `floor`: what static lacks until then

@@ -237,8 +237,8 @@ def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup,
     collectives are gloo's, what its work holds beside (_gloo_bytes; `one_unit`: whether its stage is one unit, None
     read from `params`: True for a bound over every place, False for the least of every place's)."""
     start, end, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
-    lingering, beside = _gloo_bytes(layer, profile, setup, params, fp8, index, units, model_last=model_last,
-                                    one_unit=one_unit, piped=every_end)
+    lingering, beside, earlier = _gloo_bytes(layer, profile, setup, params, fp8, index, units, model_last=model_last,
+                                             one_unit=one_unit, piped=every_end)
     after += beside if after else 0.0
     start, end, after = start + stray, end + stray, after + (stray if after else 0.0)
     if model_last:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
@@ -256,7 +256,7 @@ def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup,
     # (none where its input needs none, §730)
     freed = kept + (rules.first_layer_kept_bytes(layer, setup) if opens else 0)
     done = scratch + freed - (layer.input_bytes if layer.input_grad else 0)
-    backward = [start + lingering, end - done + lingering, after - done + (lingering if after else 0.0)]
+    backward = [start + lingering + earlier, end - done + lingering + earlier, after - done + (lingering if after else 0.0)]
     if copy_back:
         backward.append(start - stray + dataparallel.gathered_bytes(params[index], setup, fp8_count=fp8[index]) - scratch)
     forward = [copy_out - kept - scratch, forward_end - scratch, *during]
@@ -270,21 +270,23 @@ def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup,
 
 def _gloo_bytes(layer: LayerCost, profile: Profile, setup: TrainSetup, params: Sequence[float], fp8: Sequence[float],
                 index: int, units: dict, *, model_last: bool, one_unit: bool | None,
-                piped: bool) -> tuple[float, float]:
-    """(lingering, beside): what gloo holds beyond fsdpunits' moments where the collectives are gloo's (gloowork.py)
-    beside a pipeline (`piped`: the stage's moments, every_end), 0, 0 elsewhere: the unit's all-gather output its
-    work may still hold through the layer's backward and post-backward (gloowork.backward_all_gather_bytes), and
+                piped: bool) -> tuple[float, float, float]:
+    """(lingering, beside, earlier): what gloo holds beyond fsdpunits' moments where the collectives are gloo's
+    (gloowork.py) beside a pipeline (`piped`: the stage's moments, every_end), 0, 0, 0 elsewhere: the unit's all-gather
+    output its work may still hold through the layer's backward and post-backward (gloowork.backward_all_gather_bytes),
     beside the post-backward's reduce-scatter its output and the unit's last gradient
-    (gloowork.reduce_scatter_beside_bytes). One stage's moments are left as they were: measured within 2% without
+    (gloowork.reduce_scatter_beside_bytes), and through the backward a stage's only unit's previous reduce-scatter
+    input (gloowork.earlier_reduce_scatter_bytes). One stage's moments are left as they were: measured within 2% without
     them (tests/test_dp_runtime.py), their reduce-scatter moment charged differently (not read here: §841)."""
     if not piped or not gloowork.runs_gloo(profile, setup):
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     own, own_fp8 = fsdpunits.own_unit(params, fp8, index, **units)
     if one_unit is None:
         one_unit = len(set(fsdpunits.unit_of_layers(len(params), units["grouping"], units["tied"]))) == 1
     lingering = gloowork.backward_all_gather_bytes(dataparallel.gathered_bytes(own, setup, fp8_count=own_fp8), setup,
                                                    model_last=model_last, one_unit=one_unit)
-    return lingering, gloowork.reduce_scatter_beside_bytes(own, layer.last_trained_param_count, setup)
+    return (lingering, gloowork.reduce_scatter_beside_bytes(own, layer.last_trained_param_count, setup),
+            gloowork.earlier_reduce_scatter_bytes(own, setup, one_unit=one_unit))
 
 
 def _moment_extra(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,

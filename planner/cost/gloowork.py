@@ -52,3 +52,13 @@ def backward_all_gather_bytes(gathered: float, setup: TrainSetup, *, model_last:
     a stage of one unit); ZeRO 2's forward all-gather of the model's last layer (`model_last`); 0 elsewhere."""
     zero3 = setup.data_parallel.zero >= 3
     return gathered if (zero3 and one_unit) or (not zero3 and model_last) else 0.0
+
+
+def earlier_reduce_scatter_bytes(unit_params: float, setup: TrainSetup, *, one_unit: bool) -> float:
+    """The previous microbatch's reduce-scatter input of a stage's only unit (`one_unit`), its gradients in the reduce
+    dtype, which gloo's work may still hold (its clone, not yet let go by gloo's worker thread) through the next
+    microbatch's backward, a collective called between or not (measured: the tied GPT's head alone at ZeRO 2 peaks
+    8,448 B higher in its second backward so, docs/framework-facts.md §860); 0 with one microbatch."""
+    if not one_unit or setup.pipeline.microbatches < 2:
+        return 0.0
+    return unit_params * dataparallel.param_bytes(setup).grads

@@ -111,6 +111,10 @@ class LayerCost:
     # of param_count, those this layer holds frozen (requires_grad False: the profile's param_count less its
     # trained_param_count; 0 where it records none): held as weights, no gradient nor optimizer state
     frozen_param_count: int = 0
+    # its trained tensors' elements (the profile's trained_param_numels), and those less the tensors an earlier layer
+    # holds (a tied head's weight, one tensor where both share a stage): ZeRO 1's partition (zeroone.py). None: not known
+    trained_numels: tuple[int, ...] | None = None
+    own_numels: tuple[int, ...] | None = None
     # whether its input and its output require a gradient in the model's forward (the profile's input_requires_grad,
     # this layer's and the next one's): where not, torch's pipelining sends no gradient of a stage input and makes no
     # receive buffer for the gradient of a stage output (rules.first_layer_buffer_bytes, last_layer_buffer_bytes)
@@ -149,6 +153,13 @@ class LayerCost:
         """Its parameters requiring grad: those an optimizer (ZeroRedundancyOptimizer's partition: ZeRO 1's whole
         tensors) and a gradient reduction hold (runtime/mesh.py dp_optimizer; framework-facts §729)."""
         return self.param_count - self.frozen_param_count
+
+    def zero_one_numels(self, stages: int) -> tuple[int, ...] | None:
+        """Its tensors in its stage's ZeRO 1 partition (zeroone.py): on one stage, those no earlier layer holds. None
+        where not known, or where their count is not the step counts static charges (stepcounts.py: param_tensors)."""
+        if self.trained_numels is None or len(self.trained_numels) != self.param_tensors:
+            return None
+        return self.own_numels if stages == 1 else self.trained_numels
 
     @property
     def largest_trained_count(self) -> int:
@@ -246,6 +257,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             largest_param_count=max(item.largest_param_count or 0 for item in same),
             last_trained_param_count=max(_last_trained_param_count(item) for item in same),
             param_tensors=max(item.param_tensors for item in same),
+            trained_numels=_kind_numels(same),
             lookup_param_count=max(item.lookup_param_count for item in same),
             buffer_bytes=max(item.buffer_bytes for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
@@ -277,6 +289,8 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
                       **{**per_kind[layer.kind, layer.variant],
                          "act_bytes": per_kind[layer.kind, layer.variant]["act_bytes"] - shared},
                       output_shared_bytes=shared, tied=tied.get(layer.name, ()), shared_before=before.get(layer.name, 0),
+                      own_numels=_own_numels(per_kind[layer.kind, layer.variant]["trained_numels"],
+                                             [item.param_count for item in profile.tied if layer.name in item.layers[1:]]),
                       frozen_param_count=frozen_count(layer), input_grad=grads[index], output_grad=grads[index + 1])
             for index, (layer, shared) in enumerate(zip(profile.layers, out))]
 
@@ -367,6 +381,24 @@ def tied_sets(profile: Profile) -> dict[str, tuple[tuple[int, int], ...]]:
         for name in item.layers:
             held[name] = (*held.get(name, ()), (item.param_count, len(item.layers)))
     return held
+
+
+def _kind_numels(same: list) -> tuple[int, ...] | None:
+    """A kind's trained tensors' elements (ZeRO 1's partition): its layers' largest set; None where one records none."""
+    if any(item.trained_param_numels is None for item in same):
+        return None
+    return max((tuple(item.trained_param_numels) for item in same), key=lambda numels: (sum(numels), numels))
+
+
+def _own_numels(numels: tuple[int, ...] | None, tied_before: list[int]) -> tuple[int, ...] | None:
+    """`numels` less one tensor of each tied set's size an earlier layer holds (where it trains here)."""
+    if numels is None:
+        return None
+    own = list(numels)
+    for count in tied_before:
+        if count in own:
+            own.remove(count)
+    return tuple(own)
 
 
 def _last_trained_param_count(layer) -> int:

@@ -4,8 +4,8 @@ where the profile's device is the CPU (ckplan's runtime on gloo), host memory be
 = 208 B of the tied GPT fixture's peak at ZeRO 0, 2 and 3 (dp 2).
 
 FSDP2 (ZeRO 2/3) keeps one per parameter, every rank a shard of each; ZeroRedundancyOptimizer (ZeRO 1) only its
-partition's, which the profile's per-layer counts do not say: charged all of them, over by at most the other ranks'
-4 B each. An offloaded optimizer's are the host's (planner/runtime/offload.py). A profile that records no tensor
+partition's: charged all of them here, and zeroone.py charges the fullest rank's own instead where the profile records
+each tensor's size (else over by at most the other ranks' 4 B each). An offloaded optimizer's are the host's (planner/runtime/offload.py). A profile that records no tensor
 count (analytic ones, those made before) charges none.
 """
 
@@ -19,7 +19,12 @@ STEP_COUNT_BYTES = 4  # torch.tensor(0.0): float32 under the default dtype (opti
 
 def per_tensor_bytes(profile: Profile, setup: TrainSetup) -> int:
     """A step count's device bytes: 4 for Adam on a CPU device with the optimizer on it, else 0."""
-    on_device = profile.device.type == "cpu" and not setup.data_parallel.offload
+    return device_bytes(profile.device.type, setup)
+
+
+def device_bytes(device_type: str, setup: TrainSetup) -> int:
+    """per_tensor_bytes on a `device_type` device."""
+    on_device = device_type == "cpu" and not setup.data_parallel.offload
     return STEP_COUNT_BYTES if on_device and setup.training.optimizer == "adam" else 0
 
 

@@ -392,6 +392,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             last_trained_param_count=next((p.numel() for p in reversed(params) if p.requires_grad), 0),
             transient_bytes=transient,
             trained_param_count=trained, param_tensors=sum(p.requires_grad for p in params),
+            trained_param_numels=[p.numel() for p in params if p.requires_grad],
             input_requires_grad=needs_grad[index],
             weight_grad_transient_bytes=run.weight_grad_transient,
             incoming_grad_bytes=run.incoming,

@@ -349,6 +349,7 @@ class _TimedLayer:
             largest_param_count=max((p.numel() for p in params), default=0),
             last_trained_param_count=next((p.numel() for p in reversed(params) if p.requires_grad), 0),
             param_tensors=sum(p.requires_grad for p in params),
+            trained_param_numels=[p.numel() for p in params if p.requires_grad],
             trained_param_count=sum(p.numel() for p in params if p.requires_grad),
             input_requires_grad=input_requires_grad,
             lookup_param_count=lookup_param_count(self.layer),

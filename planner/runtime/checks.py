@@ -196,17 +196,16 @@ def _build_for_names(model_file: ModelFile) -> torch.nn.Module:
 def zero_one_partition(numels: list[int], ranks: int) -> list[int]:
     """Parameters per rank as ZeroRedundancyOptimizer partitions whole tensors: largest
     first, each to the rank with the fewest so far."""
-    loads = [0] * ranks
-    for numel in sorted(numels, reverse=True):
-        loads[loads.index(min(loads))] += numel
-    return loads
+    from planner.cost.zeroone import greedy_loads
+
+    return [sum(held) for held in greedy_loads(numels, ranks)]
 
 
 def zero_one_imbalance(plan: Plan, plan_file: str | Path | None) -> list[str]:
     """ZeRO 1 runs on ZeroRedundancyOptimizer, which gives each rank of a shard group whole
-    tensors. The cost model charges the largest tensor whole where the profile recorded it
-    (dataparallel.zero_one_excess_bytes); the exact partition can hold more (several large
-    tensors), and a profile from before tensor sizes were recorded charges none. A sentence
+    tensors. The cost model charges its exact partition where the profile records each trained
+    tensor's size (zeroone.py); a profile from before charges only the largest tensor whole
+    (several large tensors can hold more), or none where it records no largest. A sentence
     per stage whose fullest rank will hold more static memory than the plan predicted, from
     the model's tensor sizes (built on meta)."""
     from planner.cost.dataparallel import (

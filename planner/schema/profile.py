@@ -19,6 +19,7 @@ from planner.schema.fields import (
     Optimizer,
     Strict,
 )
+from planner.schema.tied import TiedSet
 
 # The recompute options a layer may have besides keeping everything ("none") and keeping only
 # its input ("full"): selective recompute of its parts (planner/runtime/recompute.py says what each
@@ -318,6 +319,9 @@ class LayerProfile(Strict):
     # its trained parameter tensors (measured and fake profiles; 0 in analytic ones and older profiles): torch's Adam
     # keeps a step count per tensor, on the CPU (planner/cost/stepcounts.py)
     param_tensors: Count = 0
+    # its trained parameter tensors' elements, one each, in the layer's parameters() order (measured and fake
+    # profiles; None in analytic ones and older profiles): ZeroRedundancyOptimizer's partition (cost/zeroone.py)
+    trained_param_numels: list[Count] | None = None
     # of param_count, those it trains (requires_grad True; measured and fake profiles of a model file):
     # a frozen weight is held whole, but makes no gradient and torch's optimizers keep no state for it. None in
     # analytic profiles and those made before: every parameter trained
@@ -425,21 +429,6 @@ class DeviceInfo(Strict):
     # cpu: the same at 1 thread, median, alone (key 1) and while N - 1 other processes run it
     # alongside (key N: the cores, up to 4): ranks that fill the cores share caches and memory
     shared_ms: dict[Annotated[int, Field(gt=0, le=1 << 16)], Annotated[Ms, Field(gt=0)]] | None = None
-
-
-class TiedSet(Strict):
-    """A parameter several pipeline layers share (tied weights: GPT-2's token embedding
-    and LM head). Split across stages, each holding stage keeps a copy (its weights,
-    gradient and optimizer state are in every holder's param bytes) and the copies'
-    gradients are summed before every optimizer step."""
-
-    layers: list[str] = Field(min_length=2)  # the layers holding it, in model order
-    param_count: int = Field(ge=0)
-    param_bytes: Bytes
-    # the two uses' gradients added, as autograd's InputBuffer does where one stage holds both: measured
-    # (measure.tied_sets) or its roofline (analytic_tied.tied_sum_ms); read on one stage (cost/tiedadd.py). Across
-    # stages the cost model charges the all-reduce between the holders from bytes over their link (rules.tied_sum_ms).
-    sum_ms: Ms = 0.0
 
 
 class Profile(Strict):

@@ -98,6 +98,7 @@ class Chain:
         self.host_cap = costmodel.host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline)
         self.params = [layer.trained_count for layer in layers]  # with the largest tensor: ZeRO 1's whole tensors
         self.largest = [layer.largest_trained_count for layer in layers]
+        self.numels = [layer.zero_one_numels(setup.pipeline.stages) for layer in layers]  # its tensors, exactly
         self.step_ms = per_layer(("step",), False)
         # the step's end (score.rank_cost's own moment): the whole gradients gone by then, per
         # layer, and what a stage's first and last layers leave the schedule keeping
@@ -307,7 +308,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
         deadline.check()  # a range's sets may be many (one stage of a whole 8B model: ~2 s a layer, §44.searchbb)
         run.add(time_ms=chain.plain_ms[m], held_bytes=chain.static[m], step_ms=chain.step_ms[m],
                 host_bytes=chain.host[m], params=chain.params[m], largest_params=chain.largest[m],
-                scratch_bytes=chain.step_scratch[m])
+                scratch_bytes=chain.step_scratch[m], numels=chain.numels[m])
         late_grad += chain.late_grad[m]
         plain, held, step = run.time_ms, run.held_bytes, run.step_ms  # each grows with the range
         if run.host_bytes > host_cap:

@@ -72,7 +72,7 @@ def window_segment(chain: Chain, block: list[int], count: int, ms_per_byte: floa
     for m, value in enumerate(values):
         run.add(time_ms=chain.plain_ms[m], held_bytes=chain.static[m], step_ms=chain.step_ms[m],
                 host_bytes=chain.host[m], params=chain.params[m], largest_params=chain.largest[m],
-                scratch_bytes=chain.step_scratch[m])
+                scratch_bytes=chain.step_scratch[m], numels=chain.numels[m])
         late_grad += chain.late_grad[m]
         ms += value["time"] - chain.plain_ms[m]  # the exposed copies
         kept += value["kept"]

@@ -7,7 +7,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import pulp
@@ -125,7 +125,27 @@ def solve(
     log: bool = False,
     start: list[StagePlan] | None = None,
 ) -> SolveResult:
-    """Run HiGHS. Optimal only when pulp's problem AND solution status both say so; a
+    """Run HiGHS (_solve_once); where the problem adds rows once it sees a solution (problem.lazy: callables that
+    each return how many they added, milp_zeroone's cuts), add them and solve again until none is added."""
+    result = _solve_once(problem, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, log=log, start=start)
+    wall_s = result.wall_s
+    while result.status in ("optimal", "feasible") and sum(check() for check in getattr(problem, "lazy", ())):
+        remaining = None if time_limit_s is None else max(time_limit_s - wall_s, 1e-3)
+        result = _solve_once(problem, time_limit_s=remaining, mip_gap=mip_gap, threads=threads, log=log)
+        wall_s += result.wall_s
+    return replace(result, wall_s=wall_s)
+
+
+def _solve_once(
+    problem,
+    *,
+    time_limit_s: float | None = None,
+    mip_gap: float = 1e-4,
+    threads: int | None = None,
+    log: bool = False,
+    start: list[StagePlan] | None = None,
+) -> SolveResult:
+    """Run HiGHS once. Optimal only when pulp's problem AND solution status both say so; a
     time-limited solve with a solution is "feasible" with its gap. `start`: a feasible
     plan (a baseline's stages) HiGHS begins from."""
     # HiGHS keeps one thread scheduler per process, made by its first solve, and a later solve
@@ -166,7 +186,7 @@ def solve(
         # "optimal" with dual bound 7.8, true optimum 9.3): an optimum above its own bound is
         # no optimum, so solve again without the start
         remaining = None if time_limit_s is None else max(time_limit_s - wall_s, 1e-3)
-        again = solve(problem, time_limit_s=remaining, mip_gap=mip_gap, threads=threads, log=log)
+        again = _solve_once(problem, time_limit_s=remaining, mip_gap=mip_gap, threads=threads, log=log)
         return SolveResult(again.status, again.objective, again.gap, wall_s + again.wall_s, bound=again.bound)
     return SolveResult(status, objective, gap, wall_s, bound=bound)
 

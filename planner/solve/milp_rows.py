@@ -9,10 +9,10 @@ from typing import Literal
 
 import pulp
 
-from planner.cost import boundgrad, costmodel, dataparallel, gradtiming, megatron_fsdp_moments
+from planner.cost import boundgrad, costmodel, gradtiming, megatron_fsdp_moments
 from planner.cost.costmodel import LayerCost
 from planner.schema import Profile, TrainSetup
-from planner.solve import milp_moments
+from planner.solve import milp_moments, milp_zeroone
 from planner.solve.deadline import Deadline
 from planner.solve.highs import SolveResult, _HiGHS, extract_plan, solve, start_values  # noqa: F401
 from planner.solve.milp_parts import _layer, _presence  # noqa: F401  (milp_ranks, milp take them from here)
@@ -53,6 +53,9 @@ class Problem:
     _moments: dict | None = None  # megatron_fsdp_moments.held_layers, read once (moments())
     # (stage, slot) -> [the slot's layers present] (milp_ranks._slot_presence)
     slots_present: dict = field(default_factory=dict)
+    # checks that add rows once a solution is seen (highs.solve), and the ZeRO 1 cuts added (milp_zeroone.py)
+    lazy: list = field(default_factory=list)
+    lazy_rows: list = field(default_factory=list)
 
     @property
     def ctx(self) -> costmodel.Context:
@@ -234,7 +237,7 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
         milp_moments.rows(problem, s, n, scratch, later, pulp.lpSum(total))
     if s == problem.setup.pipeline.stages - 1:
         _tail_rows(problem, s, n, scratch, later)
-    held += _zero_one_excess_mib(problem, s, n)
+    held += milp_zeroone.excess_mib(problem, s, n)
     k = costmodel.in_flight(problem.setup.pipeline, s)
     host = [_layer(problem, ("host",), run.layer) * n(s, g) / MIB for g, run in enumerate(problem.runs)]
     # activations offloaded: k_s in-flight microbatches of each offloading layer's host bytes
@@ -326,26 +329,6 @@ def _late_grad_mib(problem: Problem, stages, n) -> list:
         grads = gradtiming.lazy_grad_bytes([run.layer], problem.setup)
         late += [grads / MIB * n(k, g) for k in stages] if grads else []
     return late
-
-
-def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:
-    """ZeRO 1's whole tensors (dataparallel.zero_one_excess_bytes): [E_s] with
-    E_s ≥ o · (largest tensor of a run in the stage - the stage's parameters / K), E_s ≥ 0;
-    [] where it cannot arise."""
-    setup = problem.setup
-    largest = [run.layer.largest_trained_count for run in problem.runs]
-    optim = dataparallel.whole_tensor_optim_bytes(setup)
-    if not optim or not any(largest):
-        return []
-    params = pulp.lpSum(run.layer.trained_count * n(s, g) for g, run in enumerate(problem.runs))
-    excess = pulp.LpVariable(f"Z_{s}", lowBound=0)
-    for g, run in enumerate(problem.runs):
-        if largest[g]:
-            # [Constraint] a rank of the shard group holds the run's largest tensor whole
-            present = _presence(problem, f"z_{s}_{g}", n(s, g), run.size)
-            problem.lp += (excess >= optim * (largest[g] * present - params / dataparallel.shard_size(setup)) / MIB,
-                           f"zero_one_{s}_{g}")
-    return [excess]
 
 
 def _run_kept_bytes(problem: Problem, s: int, g: int, n):

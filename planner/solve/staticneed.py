@@ -138,7 +138,7 @@ class Needs:
             for j in range(i + 1, num + 1):
                 m = j - 1
                 run.add(time_ms=0.0, held_bytes=chain.static[m], step_ms=0.0, host_bytes=0.0, params=chain.params[m],
-                        largest_params=chain.largest[m], scratch_bytes=chain.step_scratch[m])
+                        largest_params=chain.largest[m], scratch_bytes=chain.step_scratch[m], numels=chain.numels[m])
                 kept += least_kept[m]
                 late_grad += chain.late_grad[m]
                 layers_static += static[m]

@@ -1,0 +1,22 @@
+"""A tied set: one parameter several pipeline layers share (the profile's `tied`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from planner.schema.fields import Bytes, Ms, Strict
+
+
+class TiedSet(Strict):
+    """A parameter several pipeline layers share (tied weights: GPT-2's token embedding
+    and LM head). Split across stages, each holding stage keeps a copy (its weights,
+    gradient and optimizer state are in every holder's param bytes) and the copies'
+    gradients are summed before every optimizer step."""
+
+    layers: list[str] = Field(min_length=2)  # the layers holding it, in model order
+    param_count: int = Field(ge=0)
+    param_bytes: Bytes
+    # the two uses' gradients added, as autograd's InputBuffer does where one stage holds both: measured
+    # (measure.tied_sets) or its roofline (analytic_tied.tied_sum_ms); read on one stage (cost/tiedadd.py). Across
+    # stages the cost model charges the all-reduce between the holders from bytes over their link (rules.tied_sum_ms).
+    sum_ms: Ms = 0.0
