@@ -8,10 +8,11 @@ logged), the harness's reading (scripts/published_rows.toml, the G rows); NaN an
 
 With --provenance (docs/published-runs.md §66.ghost): for each H100 G row, the commit at which its golden file's
 steady step took its present value, that commit's date, Transformer Engine pin (pyproject.toml) and base image
-(docker/.ngc_version.dev), and the value it replaced: which software a published figure was logged on.
+(docker/.ngc_version.dev), and the value it replaced: which software a published figure was logged on. With --history CASE: every logging of one test's steady step
+on each platform (docs/published-runs.md §68.t15: T15-T17's test).
 
 usage: python scripts/golden_runs.py MEGATRON_GIT_DIR [--commit 93ebf8d7] [--platforms TEST ...] [--pairs]
-       [--provenance]
+       [--provenance] [--history CASE]
        (MEGATRON_GIT_DIR: a clone or a bare mirror of NVIDIA/Megatron-LM holding the commit)"""
 
 from __future__ import annotations
@@ -103,24 +104,31 @@ def set_at(history: list[tuple[str, float | None]]) -> tuple[str, float | None]:
     return first, None
 
 
-def provenance(git_dir: Path, commit: str, path: str) -> dict | None:
-    """Where the golden file `path` took its present steady step (set_at over the commits touching it up to
-    `commit`; values rounded to 0.1 ms, so a rewrite that keeps them, e.g. NaNs dropped, is not a change); None
-    where the file logs no step at `commit`."""
+def history(git_dir: Path, commit: str, path: str) -> list[tuple[str, str, float | None]]:
+    """(commit, date, steady step rounded to 0.1 ms; None where the file logs none) of every commit touching the
+    golden file `path` up to `commit`, newest first: each logging of a test's figure on one platform."""
     log = subprocess.run(["git", "-C", str(git_dir), "log", "--format=%h %ad", "--date=short", commit, "--", path],
                          capture_output=True, text=True, check=True).stdout.split("\n")
-    history, dates = [], {}
+    found = []
     for line in filter(None, log):
         rev, date = line.split()
         text = _show(git_dir, rev, path)
         step = steady_step_s(json.loads(text)) if text else None
-        history.append((rev, round(step, 4) if step else None))
-        dates[rev] = date
-    if not history or history[0][1] is None:
+        found.append((rev, date, round(step, 4) if step else None))
+    return found
+
+
+def provenance(git_dir: Path, commit: str, path: str) -> dict | None:
+    """Where the golden file `path` took its present steady step (set_at over the commits touching it up to
+    `commit`; values rounded to 0.1 ms, so a rewrite that keeps them, e.g. NaNs dropped, is not a change); None
+    where the file logs no step at `commit`."""
+    logged = history(git_dir, commit, path)
+    steps, dates = [(rev, step) for rev, _, step in logged], {rev: date for rev, date, _ in logged}
+    if not steps or steps[0][1] is None:
         return None
-    at, before = set_at(history)
+    at, before = set_at(steps)
     image = (_show(git_dir, at, "docker/.ngc_version.dev") or "?").strip().rsplit(":", 1)[-1]
-    return {"value": history[0][1], "commit": at, "date": dates[at], "te": te_pin(_show(git_dir, at, "pyproject.toml")),
+    return {"value": steps[0][1], "commit": at, "date": dates[at], "te": te_pin(_show(git_dir, at, "pyproject.toml")),
             "image": image, "before": before}
 
 
@@ -159,7 +167,23 @@ def main() -> None:
     parser.add_argument("--provenance", action="store_true",
                         help="the G rows' golden steps: the commit, TE pin and image each was logged on")
     parser.add_argument("--gpu", default="h100", choices=("h100", "gb200"), help="--provenance's platform")
+    parser.add_argument("--history", metavar="CASE",
+                        help="every logging of test CASE's steady step (e.g. gpt/gpt3_7b_tp1_pp4_memory_speed) on each "
+                             "platform, with the TE pin and image of each commit")
     args = parser.parse_args()
+    if args.history:
+        print("| platform | commit | date | steady s | TE | image |")
+        print("|---|---|---|---|---|---|")
+        for path in _files(args.git_dir, args.commit, f"{CASES}/{args.history}"):
+            name = Path(path).name
+            if not name.startswith("golden_values_"):
+                continue
+            for rev, date, step in history(args.git_dir, args.commit, path):
+                image = (_show(args.git_dir, rev, "docker/.ngc_version.dev") or "?").strip().rsplit(":", 1)[-1]
+                shown = f"{step:.4f}" if step else "-"
+                print(f"| {name[len('golden_values_'):-len('.json')]} | {rev} | {date} | {shown} | "
+                      f"{te_pin(_show(args.git_dir, rev, 'pyproject.toml'))} | {image} |")
+        return
     if args.provenance:
         print("| row | deterministic | steady s | logged at | date | TE | image | before s |")
         print("|---|---|---|---|---|---|---|---|")

@@ -4,6 +4,8 @@ reads; and scripts/bench_host_determinism.py's count of the `empty` ops determin
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import torch
@@ -72,3 +74,23 @@ def test_the_loader_probe_makes_megatrons_gpt_sample():
     assert bool(sample["attention_mask"][0, 0, 1]) and not bool(sample["attention_mask"][0, 1, 0])
     assert sample["position_ids"].tolist() == [0, 1, 2, 3] and sample["loss_mask"].dtype == torch.float32
     assert loader.OneInt()[7] == 7
+
+
+def test_history_lists_every_logging_of_a_golden_file_newest_first(tmp_path):
+    # a tiny repository: the golden file logged 0.2 s, rewritten keeping it (a NaN dropped), then 0.3 s
+    def commit(values: dict, message: str) -> None:
+        folder = tmp_path / "case"
+        folder.mkdir(exist_ok=True)
+        (folder / "golden_values_dev_dgx_h100.json").write_text(json.dumps({"iteration-time": {"values": values}}))
+        subprocess.run(["git", "-C", str(tmp_path), "add", "-A"], check=True)
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm",
+                        message, "--date", "2026-01-02T00:00:00"], check=True)
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    commit({"1": float("nan"), "4": 0.2, "5": 0.2, "6": 0.2}, "one")
+    commit({"4": 0.2, "5": 0.2, "6": 0.2}, "two")
+    commit({"2": 9.0, "4": 0.3, "5": 0.31, "6": 0.29}, "three")  # step 2 is warm-up: not in the median
+    found = golden_runs.history(tmp_path, "HEAD", "case/golden_values_dev_dgx_h100.json")
+    assert [step for _, _, step in found] == [0.3, 0.2, 0.2]
+    assert all(len(rev) >= 7 for rev, _, _ in found)
+    assert golden_runs.set_at([(rev, step) for rev, _, step in found]) == (found[0][0], 0.2)

@@ -79,13 +79,19 @@ def test_deterministic_mode_fills_each_te_output_once_more(tiny_path):
     forward, backward = elements[0] * tokens * 2, elements[1] * tokens * 2
     assert jobsettings.te_output_elements(profile, block) == elements
     on = _setup(deterministic=True)
-    assert jobsettings.deterministic_fill_ms(block, 0, profile, on) == pytest.approx((forward + backward) / HBM * 1e3)
+    # on the H100 (sm90) cuDNN's deterministic backward allocates its dP workspace too: batch 1 x 4 heads x 32
+    # tokens padded to 64, squared, x 2 B = 32,768 B, once a backward (not again in a recompute)
+    workspace = 1 * 4 * 64 * 64 * 2
+    assert jobsettings.dp_workspace_bytes(block, profile, on) == workspace == 32768
+    assert jobsettings.deterministic_fill_ms(block, 0, profile, on) == pytest.approx(
+        (forward + backward + workspace) / HBM * 1e3)
     # a recomputed block allocates its forward's outputs again
-    assert jobsettings.deterministic_fill_ms(block, 1, profile, on) == pytest.approx((2 * forward + backward) / HBM * 1e3)
+    assert jobsettings.deterministic_fill_ms(block, 1, profile, on) == pytest.approx(
+        (2 * forward + backward + workspace) / HBM * 1e3)
     # with unfused accumulation each weight gradient is a bf16 tensor its GEMM allocates too
     both = _setup(deterministic=True, unfused_grad_accumulation=True)
     assert jobsettings.deterministic_fill_ms(block, 0, profile, both) == pytest.approx(
-        (forward + backward + BLOCK * 2) / HBM * 1e3)
+        (forward + backward + BLOCK * 2 + workspace) / HBM * 1e3)
     # the embedding and the head (Megatron's own output linear, torch.matmul) are not TE GEMMs; off: nothing
     assert jobsettings.deterministic_fill_ms(embedding, 0, profile, on) == 0.0
     assert jobsettings.deterministic_fill_ms(head, 0, profile, on) == 0.0
@@ -218,6 +224,7 @@ def test_evaluate_charges_them_per_microbatch_and_per_step(tiny_path):
                   "--deterministic-mode")
     weights = 2 * BLOCK + HEAD  # the two blocks and the head; the embedding's gradient is not a GEMM's
     fill = 2 * ((3 * H + H + F + H + 3 * H) + (H + H + H + F + 5 * H)) * POS * 2 + 2 * BLOCK * 2  # two blocks' TE outputs
+    fill += 2 * 1 * 4 * 64 * 64 * 2  # and each block's cuDNN dP workspace on sm90 (4 heads, 32 tokens padded to 64)
     # and Megatron's own cross-entropy's fp32 copy of the logits and the gradient's cast back (4 + 2 B a logit,
     # planner/cost/megatron_loss.py), NaN-filled first
     fill += POS * V * (4 + 2)
@@ -309,3 +316,32 @@ def test_the_megatron_export_writes_them_and_reads_back_the_same_and_other_targe
     refused = CliRunner().invoke(cli, ["export", str(plan), "--to", "deepspeed", "--out", str(tmp_path / "ds.json")])
     assert refused.exit_code != 0 and "--deterministic-mode" in refused.output and "Traceback" not in refused.output
     assert not (tmp_path / "ds.json").exists()
+
+
+def test_cudnns_dp_workspace_is_filled_on_hopper_only_by_hand():
+    # T15's attention on one device: 32 query heads (8 groups), 8,192 tokens, batch 1: 32 x 8192 x 8192 x 2 B = 4 GiB
+    # (cudnn-frontend v1.22.0's b * h_q * s_q * s_kv * 2, lengths padded to 64); at TP 4 and batch 2 (T18): 8 heads
+    on = _setup(deterministic=True)
+    arch = archs.Arch(name="tiny-gqa", hidden_size=256, intermediate_size=1024, num_layers=1, num_heads=32,
+                      num_kv_heads=8, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=8192)
+
+    def block_of(gpu, seq=8192, batch=1, tp=1, cp=1):
+        profile = analytic.analytic_profile(arch, Shape(seq_len=seq, micro_batch_size=batch, tp=tp, cp=cp),
+                                            gpu=archs.gpu(gpu), model=FileRef(file="arch:test", sha256="0" * 64))
+        return profile, next(layer for layer in layer_costs(profile) if layer.kind == "decoder_block")
+
+    profile, block = block_of("h100")
+    assert jobsettings.dp_workspace_bytes(block, profile, on) == 32 * 8192 * 8192 * 2 == 4 * 2**30
+    profile, block = block_of("h100", batch=2, tp=4)
+    assert jobsettings.dp_workspace_bytes(block, profile, on) == 2 * 8 * 8192 * 8192 * 2
+    profile, block = block_of("h100", seq=100)  # 100 tokens pad to 128
+    assert jobsettings.dp_workspace_bytes(block, profile, on) == 32 * 128 * 128 * 2
+    profile, block = block_of("h100")
+    assert jobsettings.dp_workspace_bytes(block, profile, _setup()) == 0  # not deterministic
+    # the A100 runs FlashAttention-2 under determinism, the GB200 and B200 another cuDNN kernel (or FlashAttention-2
+    # under dropout): no dP workspace read; a context-parallel ring's calls are not read
+    for gpu in ("a100-80g", "gb200", "b200"):
+        profile, block = block_of(gpu)
+        assert jobsettings.dp_workspace_bytes(block, profile, on) == 0
+    profile, block = block_of("h100", cp=2)
+    assert jobsettings.dp_workspace_bytes(block, profile, on) == 0

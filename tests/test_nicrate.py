@@ -78,3 +78,20 @@ def test_a_job_across_nodes_on_the_command_line():
     said = " ".join(json.loads(out)["notes"])
     assert "shard group of 16 x TP 1 over the network, 4 NIC(s) a node" in said
     assert "shard group reduces at 192 GB/s" in said
+
+
+def test_a_pipeline_send_inside_a_node_runs_at_nccls_effective_nvlink_rate():
+    # NCCL's send and receive over an H100 SXM's 18 NVLink 4 links: 18 x SM90_NVLINK_BW 20.6 = 370.8 GB/s, not the
+    # 450 line rate; a B200's 18 NVLink 5: 18 x 40.1 = 721.8; the H100 PCIe (no NVLink) keeps its link
+    found = comm.job_links(H100, tp=1, cp=1, pp_stride=2, gpus_per_node=8, nics_per_gpu=1)
+    assert found["node"].gb_per_s == 370.8 and found["pp"].gb_per_s == 370.8
+    assert found["node"].step_latency_ms == comm.node_link(450.0).step_latency_ms  # NVLink's step, as before
+    # one 64 MiB activation (T15's 8192 tokens x hidden 4096, bf16): its bytes at 370.8 GB/s plus NCCL's latency
+    ms = comm.send_ms(8192 * 4096 * 2, found["node"])
+    assert ms == pytest.approx(comm.ring_latency_ms("send", 2, found["node"]) + 67108864 / 370.8e9 * 1e3)
+    b200 = comm.job_links(gpus.GPUS["b200"], tp=1, cp=1, pp_stride=1, gpus_per_node=8, nics_per_gpu=1)
+    assert b200["node"].gb_per_s == 721.8
+    pcie = gpus.GPUS["h100-pcie"]
+    assert comm.job_links(pcie, tp=1, cp=1, pp_stride=1, gpus_per_node=8, nics_per_gpu=1)["node"].gb_per_s == \
+        pcie.node_link_gb_per_s
+    assert found["network"].gb_per_s == 50.0  # across nodes a send keeps one NIC's line rate

@@ -169,10 +169,16 @@ def job_links(gpu, *, tp: int, cp: int, pp_stride: int, gpus_per_node: int, nics
     dp x cp). A collective group inside a node runs at the node's measured collective rate where
     nccl-tests published one for the GPU, else the link's datasheet rate; the rest at the network's: a
     collective at NCCL's bus bandwidth over the NICs of its ranks in each node
-    (planner/models/network_rate.py), a send at one rank's NICs' line rate."""
+    (planner/models/network_rate.py), a send at one rank's NICs' line rate. "node": a pipeline's send inside a
+    node, an NCCL send and receive over the GPU's NVLinks like an all-to-all's pairs, at NCCL's effective NVLink
+    rate where it is read (GPU.node_alltoall_rate: 370.8 GB/s on H100 SXM, 721.8 on B200 / GB200, the protocol's
+    ~20% under the 450 / 900 line rate, "which you can observe as 'BusBw' when running non-allreduce
+    operations", planner/models/nvlink_rates.py), else the link's datasheet rate."""
     from planner.models import network_rate
 
     inside = node_link(gpu.node_link_gb_per_s, pcie=gpu.node_link_kind == "pcie")
+    sends = inside if gpu.node_link_kind == "pcie" or gpu.node_alltoall_rate == inside.gb_per_s else \
+        dataclasses.replace(inside, gb_per_s=gpu.node_alltoall_rate, where="in-node, NCCL's effective NVLink rate")
     between = network_link(gpu.network_gb_per_s, nics_per_gpu)  # a send: the NICs' line rate
     measured = (Link(gpu.node_collective_gb_per_s, inside.step_latency_ms, inside.base_latency_ms,
                      f"in-node, measured: {gpu.collective_source}") if gpu.node_collective_gb_per_s else inside)
@@ -184,7 +190,7 @@ def job_links(gpu, *, tp: int, cp: int, pp_stride: int, gpus_per_node: int, nics
         return measured if link is inside else link
 
     return {"tp": collective(tp, 1), "cp": collective(cp, tp),
-            "pp": group_link(2, pp_stride, gpus_per_node, inside, between), "node": inside, "network": between}
+            "pp": group_link(2, pp_stride, gpus_per_node, sends, between), "node": sends, "network": between}
 
 
 def edge_crosses_nodes(rank: int, to: int, *, stride: int, gpus_per_node: int) -> bool:

@@ -18,10 +18,18 @@ settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-L
   quantizer.cpp 162, the norms' outputs and input gradients normalization.cpp 23-25, 140, 224-225, 377,
   attention's output and dQ, dK, dV attention.cpp 156-157, 376-450): per microbatch a dense block's
   bf16 outputs forward and input gradients backward (and the bf16 weight gradients where accumulation
-  is unfused) are written once more; again in a recomputed forward. Per-token fp32 statistics (the
-  norms' mu and rsigma, the softmax's), TE's workspaces (cuDNN's deterministic backward's among them:
-  sizes not read) are left out. Read from the profile's model (an analytic or --hf-config profile's
-  `assumptions.model`); MoE blocks and other layers are not read (0).
+  is unfused) are written once more; again in a recomputed forward. On sm90 the attention's backward
+  workspace too (attention.cpp 587-588: allocateSpace, at::empty, common.cpp 264-273): cuDNN's
+  deterministic backward there is the dP-workspace decomposition, forced under determinism by the
+  cudnn-frontend TE builds with (v1.22.0, 97f6cb3b, TE f8a01cd5's 3rdparty submodule;
+  scaled_dot_product_flash_attention.h 1480-1484, "the user force requests deterministic algorithm on
+  hopper"), whose dP workspace is b x h_q x s_q x s_kv x 2 bytes, each length padded to 64 (1465-1467;
+  cudnn-frontend#398: "always forced the dP-workspace decomposition", quadratic in the length): at least
+  that much is filled a layer's backward (dp_workspace_bytes; 4 GiB at T15's 32 heads x 8,192 tokens).
+  The kernels' own reads and writes of dP are not charged (no deterministic sm90 rate is published), nor
+  a context-parallel ring's calls. Per-token fp32 statistics (the norms' mu and rsigma, the softmax's)
+  and TE's other workspaces are left out. Read from the profile's model (an analytic or --hf-config
+  profile's `assumptions.model`); MoE blocks and other layers are not read (0).
 - deterministic mode's attention: Transformer Engine picks its backend under determinism
   (NVTE_ALLOW_NONDETERMINISTIC_ALGO=0; the record's `deterministic_attention`, "transformer-engine"):
   on sm90 it keeps cuDNN's fused attention and asks it for its deterministic backward; on sm100 and later
@@ -173,7 +181,32 @@ def deterministic_fill_ms(layer: LayerCost, ckpt, profile: Profile, setup: Train
     moved = (fwd * (1 + reruns) + bwd) * tokens * element
     if training.unfused_grad_accumulation:  # the bf16 weight gradients, each allocated by its GEMM
         moved += weight_param_count(layer) * element
-    return moved / (tbps * 1e12) * 1e3
+    return (moved + dp_workspace_bytes(layer, profile, setup)) / (tbps * 1e12) * 1e3
+
+
+DP_WORKSPACE_PAD = 64  # cudnn-frontend 97f6cb3b scaled_dot_product_flash_attention.h 1465-1466: s_q, s_kv to 64
+DP_ELEMENT_BYTES = 2  # the same file's 1467: b * h_q * s_q * s_kv * 2
+
+
+def dp_workspace_bytes(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:
+    """Bytes of the dP workspace cuDNN's deterministic backward takes a call on sm90, one call a dense
+    block's backward (the module's docstring): b x h_q x ceil64(s) x ceil64(s) x 2, heads over TP; 0 where
+    the job does not run it: not deterministic, not Transformer Engine's cuDNN attention (te_attention,
+    deterministic_attention_kernel), not Hopper (below sm90 and on sm100+ another kernel: a record with
+    cuDNN's figures and no cuda_arch of 100 or more), or context parallel (the ring's calls, not read)."""
+    training = setup.training
+    if not training.deterministic or runtimes.of(training).deterministic_attention != "transformer-engine":
+        return 0
+    found = te_attention(profile, layer)
+    if found is None or max(int(profile.assumptions.get("cp", 1) or 1), 1) != 1:
+        return 0
+    gpu, drops = found
+    if deterministic_attention_kernel(gpu, drops_attention=drops) != "cudnn" or gpu.cuda_arch >= 100 \
+            or not gpu.te_attention_efficiency:
+        return 0
+    heads, tp = int(profile.assumptions["model"]["num_heads"]), int(profile.assumptions.get("tp", 1))
+    padded = -(-int(profile.assumptions.get("seq_len", 0)) // DP_WORKSPACE_PAD) * DP_WORKSPACE_PAD
+    return profile.micro_batch_size * (heads // tp) * padded * padded * DP_ELEMENT_BYTES
 
 
 def deterministic_attention_kernel(gpu, *, drops_attention: bool) -> str:

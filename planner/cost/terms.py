@@ -284,7 +284,8 @@ TERMS: tuple[Term, ...] = (
          "the record's fills_te_outputs: torch.use_deterministic_algorithms' fill_uninitialized_memory writes each "
          "aten::empty, and TE allocates its GEMM, norm and attention outputs so (gemm.cpp, quantizer.cpp, "
          "normalization.cpp, attention.cpp, TE v2.16.0): a dense block's bf16 forward outputs and input gradients "
-         "(and unfused bf16 weight gradients) at the profile's HBM bandwidth"),
+         "(and unfused bf16 weight gradients), and on sm90 cuDNN's deterministic backward's dP workspace (b x h x "
+         "s x s x 2 B, cudnn-frontend v1.22.0), at the profile's HBM bandwidth"),
     Term("the host's issue time beyond a block's, the embedding's, the head's and loss's passes (host-bound)", "time",
          "layer", lambda layer, ckpt, ctx: hosttime.host_bound_ms(layer, ckpt, ctx.profile, ctx.setup),
          "max(device, host) per pass: the record's host_block_linears (Megatron-core's TE spec and MoE blocks, "
