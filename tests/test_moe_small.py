@@ -21,6 +21,8 @@ def test_nccls_nvlink_rate_is_its_per_link_figure_times_the_links():
     assert nvlink_rates.nccl_nvlink_rate(900.0, 100) == pytest.approx(721.8)
     # a part with fewer links scales with its count: 8 NVLink 4 links (200 GB/s one way) x 20.6
     assert nvlink_rates.nccl_nvlink_rate(200.0, 90) == pytest.approx(164.8)
+    # A100 SXM: 300 GB/s one way is 12 NVLink 3 links of 25; sm_80's link 20.0: 12 x 20.0
+    assert nvlink_rates.nccl_nvlink_rate(300.0, 80) == pytest.approx(240.0)
 
 
 def test_the_gpu_records_read_it_and_others_keep_the_link():
@@ -29,8 +31,9 @@ def test_the_gpu_records_read_it_and_others_keep_the_link():
     assert gpus.gpu("b200").node_alltoall_rate == pytest.approx(721.8)
     assert gpus.gpu("gb200").node_alltoall_rate == pytest.approx(721.8)
     assert "topo.h" in gpus.gpu("h100").alltoall_source and "nccl-tests#212" in gpus.gpu("b200").alltoall_source
-    # no NCCL figure read for Ampere's NVLink 3, AMD's Infinity Fabric or a PCIe part: the datasheet's one-way rate
-    assert gpus.gpu("a100-80g").node_alltoall_rate == 300.0
+    assert gpus.gpu("a100-80g").node_alltoall_rate == pytest.approx(240.0)
+    assert gpus.gpu("a100-40g").node_alltoall_rate == pytest.approx(240.0)
+    # no NCCL figure read for AMD's Infinity Fabric or a PCIe part: the datasheet's one-way rate
     assert gpus.gpu("mi300x").node_alltoall_rate == 448.0
     assert gpus.gpu("h100-pcie").node_alltoall_rate == 64.0
 

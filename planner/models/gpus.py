@@ -402,12 +402,14 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # 80 GB SXM 2,039 GB/s; NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 8x HDR 200 Gb/s
     GPU("a100-40g", 40 * 10**9, 312.0, 1.555, "NVIDIA A100 datasheet, 40 GB SXM (BF16 312 dense, no FP8; 1.555 TB/s)",
         300.0, 25.0, A100_PINNED_COPY_GB_PER_S, link_source=_A100_LINKS,
+        node_alltoall_gb_per_s=nccl_nvlink_rate(300.0, 80), alltoall_source=NCCL_NVLINK_SOURCE,
         cuda_total_bytes=42_298_834_944,
         total_source="deviceQuery on A100-SXM4-40GB: 42298834944 bytes (bottlerocket-os/bottlerocket PR #3873)",
         **_mamf("a100", 312.0), attention_efficiency=FA2_AMPERE, attention_source=_FA2_AMPERE,
         cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE, **_A100_HOST, **_HOST_EPYC_ROME),
     GPU("a100-80g", 80 * 10**9, 312.0, 2.039, "NVIDIA A100 datasheet, 80 GB SXM (BF16 312 dense, no FP8; 2.039 TB/s)",
         300.0, 25.0, A100_PINNED_COPY_GB_PER_S, link_source=_A100_LINKS,
+        node_alltoall_gb_per_s=nccl_nvlink_rate(300.0, 80), alltoall_source=NCCL_NVLINK_SOURCE,
         cuda_total_bytes=85_100_068_864,
         total_source="deviceQuery on A100-SXM4-80GB: 85100068864 bytes; nvidia-smi 81920 MiB less 763 MiB "
                      "reserved (github.com/thamada/nvidia-smi, gls/A100SXMx4_*)",
