@@ -172,8 +172,10 @@ PINS = {
     # copies after the last backward) x (1 / 12.95 - 1 / 16) GB/s: +13,911.107 ms on 159,055.166
     "run-1t.sh": ("deepspeed", 3, 8, 1, 172966.273, 281034215168, 305557143552),
     # llama2: rank 0 (stage 0 of 2) one stage output lower since §45.boundgrad3 (boundgrad2's gradient counted once:
-    # 33,554,432 B), its reserve by the divisor's 2 MiB segments (from 20,449,853,440 and 24,060,624,896)
-    "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.183, 20416299008, 24020779008),
+    # 33,554,432 B), its reserve by the divisor's 2 MiB segments (from 20,449,853,440 and 24,060,624,896); its five
+    # stage sends on the critical path (33,554,432 B each) at NCCL's sm_80 NVLink, 240 GB/s, not 300 (§68.lead):
+    # 5 x 33,554,432 x (1 / 240 - 1 / 300) / 1e9 s = +0.140 ms on 1,017.183
+    "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.322, 20416299008, 24020779008),
 }
 
 
