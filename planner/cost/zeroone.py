@@ -68,7 +68,7 @@ def layers_excess_bytes(layers: Sequence[LayerCost], *, profile: Profile, setup:
     whether a tied head's tensor is its own: LayerCost.zero_one_numels), less `tied`: tensors (their numels) another
     of the layers holds, partitioned once."""
     numels = stage_numels(layer.zero_one_numels(setup.pipeline.stages) for layer in layers)
-    once = [numel for numel in tied if numels is None or numel in numels]  # a frozen tied tensor is in none
+    once = [numel for numel in tied if numels is None or numel in numels]  # an untrained tied tensor is not among them
     for numel in once if numels is not None else ():
         numels.remove(numel)
     return excess_bytes(numels, param_count=sum(layer.trained_count for layer in layers) - sum(once),
