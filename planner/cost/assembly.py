@@ -375,11 +375,7 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
     # FSDP2's units beside a pipeline at the stage's own moments (the DP's: solve/dpmoments.py)
     per_layer = gathered.stage_unit_moments(layers, options, per_layer, stage=stage, profile=profile, setup=setup,
                                             microbatch_kept=sum(totals[q] for q in quantities("kept")))
-    static = totals["static"] + zeroone.excess_bytes(
-        zeroone.stage_numels(layer.zero_one_numels(setup.pipeline.stages) for layer in layers),
-        param_count=sum(layer.trained_count for layer in layers),
-        largest=max(layer.largest_trained_count for layer in layers), setup=setup,
-        step_bytes=stepcounts.per_tensor_bytes(profile, setup))
+    static = totals["static"] + zeroone.layers_excess_bytes(layers, profile=profile, setup=setup)
     loss_extra = stage_value("extra", stage, ctx)
     # the loss's scratch is gone before the stage's layers run their backward, and what the loss keeps (the last
     # stage) is freed before any of them does: after the last layer; `floor`: what static lacks until then

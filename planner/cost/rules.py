@@ -14,6 +14,7 @@ from planner.cost import (
     fsdpunits,
     runtimes,
     schedules,
+    stepcounts,
 )
 from planner.cost.layers import LayerCost
 from planner.cost.opsacep import op_sac_reruns_exchanges
@@ -110,10 +111,10 @@ def rank_tied_once_bytes(profile: Profile, chunks: Sequence[set[str]], setup: Tr
     """A rank holds a tied parameter once however many of its chunks (its stages' layer names)
     hold it (a V puts the token embedding and the LM head on rank 0; one module, one
     nn.Parameter): minus the copies charged to its chunks beyond the first (inside one stage,
-    tied_once_bytes)."""
+    tied_once_bytes), and their step counts (stepcounts.rank_tied_once_bytes)."""
     copies = sum(max(0, sum(bool(set(item.layers) & chunk) for chunk in chunks) - 1) * item.param_count
                  for item in profile.tied)
-    return -copies * bytes_per_param(setup)
+    return -copies * bytes_per_param(setup) + stepcounts.rank_tied_once_bytes(profile, chunks, setup)
 
 
 def reduced_bytes(layer: LayerCost, setup: TrainSetup) -> float:

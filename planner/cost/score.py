@@ -23,6 +23,7 @@ from planner.cost import (
     schedules,
     splittime,
     stagesends,
+    zeroone,
 )
 from planner.cost.assembly import (
     PlanCost,
@@ -142,7 +143,9 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     mine: list[StageSums] = [sums[k] for k in stages]
     tied = rank_tied_once_bytes(profile, [{layer.name for layer in chunks[k][0]} for k in stages], setup) \
         if profile.tied and len(stages) > 1 else 0.0
-    static = sum(s.static_bytes for s in mine) + tied
+    # one ZeroRedundancyOptimizer over all the rank's chunks (ZeRO 1 on ckplan's runtime): its partition, not theirs
+    static = sum(s.static_bytes for s in mine) + tied + zeroone.rank_excess_bytes(
+        [chunks[k][0] for k in stages], profile=profile, setup=view)
     # the input gradient being sent, among a stage's buffers, is counted by its sends where they are held
     buffers = sum(sums[k].buffer_bytes - held[k].sent_input_grad for k in stages)
     activations = int(round(peak.live - peak.transient - peak.late_grads))

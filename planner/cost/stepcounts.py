@@ -42,3 +42,11 @@ def tied_once_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     counted = {layer.name for layer in profile.layers if layer.param_tensors}
     return -per_tensor_bytes(profile, setup) * sum(sum(name in counted for name in item.layers[1:])
                                                    for item in profile.tied)
+
+
+def rank_tied_once_bytes(profile: Profile, chunks, setup: TrainSetup) -> int:
+    """A rank of several chunks (their layer names) steps a tied parameter once, its one module holding it once (a V
+    puts the token embedding and the LM head on rank 0): minus the counts of its holders beyond the first chunk's."""
+    counted = {layer.name for layer in profile.layers if layer.param_tensors}
+    return -per_tensor_bytes(profile, setup) * sum(max(0, sum(bool(set(item.layers) & chunk & counted) for chunk in chunks) - 1)
+                                                   for item in profile.tied)
