@@ -139,3 +139,19 @@ def _one_rank_server():
         patch.setattr(launcher, "RankServer", shared)
         yield shared
     shared.close()
+
+
+@pytest.fixture(scope="session")
+def llama_style_profiles(tmp_path_factory):
+    """tests/fixtures/llama_style.py profiled at the command's defaults, measured (one thread, one repeat, no
+    warmup) and fake (--device cpu): (measured path, fake path, the fake run's output), read only. Shared by
+    the tests that read these (test_fake's byte-for-byte comparison, test_analytic_records' records,
+    test_fake_split_bytes' split fields, test_wgroups' ZBV run), each marked
+    `xdist_group("llama_style_profiles")` so one worker profiles once."""
+    from fixtures.cli import run_ok
+
+    folder = tmp_path_factory.mktemp("llama_style")
+    model = "tests/fixtures/llama_style.py"
+    run_ok("profile", model, "--threads", "1", "--repeats", "1", "--warmup", "0", "--out", folder / "m.json")
+    result = run_ok("profile", model, "--fake", "--device", "cpu", "--out", folder / "f.json")
+    return folder / "m.json", folder / "f.json", result.output

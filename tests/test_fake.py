@@ -43,14 +43,14 @@ def _same_bytes(fake, measured):
     assert fake.loss_alloc == measured.loss_alloc and fake.loss_alloc is not None
 
 
-def test_a_fake_profile_of_a_model_file_equals_the_measured_one_byte_for_byte(tmp_path):
-    model = "tests/fixtures/llama_style.py"  # RMSNorm, rotary, GQA, SwiGLU, in one nn.Sequential
-    run_ok("profile", model, "--threads", "1", "--repeats", "1", "--warmup", "0", "--out", tmp_path / "m.json")
-    result = run_ok("profile", model, "--fake", "--device", "cpu", "--out", tmp_path / "f.json")
-    measured, fake = io.load_profile(tmp_path / "m.json"), io.load_profile(tmp_path / "f.json")
+@pytest.mark.xdist_group("llama_style_profiles")  # one worker: the shared profiles once (conftest.py)
+def test_a_fake_profile_of_a_model_file_equals_the_measured_one_byte_for_byte(llama_style_profiles):
+    # tests/fixtures/llama_style.py: RMSNorm, rotary, GQA, SwiGLU, in one nn.Sequential
+    measured_path, fake_path, output = llama_style_profiles
+    measured, fake = io.load_profile(measured_path), io.load_profile(fake_path)
     _same_bytes(fake, measured)
     assert fake.source == "fake" and fake.device.type == "cpu" and fake.dtype == "float32"
-    assert "times are rooflines" in result.output and "per-kernel ceiling, not end to end" in result.output
+    assert "times are rooflines" in output and "per-kernel ceiling, not end to end" in output
 
 
 def _gpt2_config(folder, attn_pdrop: float):
