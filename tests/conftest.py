@@ -139,3 +139,40 @@ def _one_rank_server():
         patch.setattr(launcher, "RankServer", shared)
         yield shared
     shared.close()
+
+
+@pytest.fixture(scope="session")
+def llama_style_profiles(tmp_path_factory):
+    """tests/fixtures/llama_style.py profiled at the command's defaults, measured (one thread, one repeat, no
+    warmup) and fake (--device cpu): (measured path, fake path, the fake run's output), read only. Shared by
+    the tests that read these (test_fake's byte-for-byte comparison, test_analytic_records' records,
+    test_fake_split_bytes' split fields, test_wgroups' ZBV run), each marked
+    `xdist_group("llama_style_profiles")` so one worker profiles once."""
+    from fixtures.cli import run_ok
+
+    folder = tmp_path_factory.mktemp("llama_style")
+    model = "tests/fixtures/llama_style.py"
+    run_ok("profile", model, "--threads", "1", "--repeats", "1", "--warmup", "0", "--out", folder / "m.json")
+    result = run_ok("profile", model, "--fake", "--device", "cpu", "--out", folder / "f.json")
+    return folder / "m.json", folder / "f.json", result.output
+
+
+LLAMA3_8B_LAYER = {"model_type": "llama", "num_hidden_layers": 1, "vocab_size": 128256, "max_position_embeddings": 8192,
+                   "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8}
+
+
+@pytest.fixture(scope="session")
+def llama3_8b_layer_fake(tmp_path_factory):
+    """One LLaMA 3 8B decoder layer at full width (LLAMA3_8B_LAYER's config.json) and its fake profile at 4096
+    tokens, one sample (`--hf-config FOLDER --fake`, an H100 in bfloat16 by default): (config.json, fake profile
+    path), read only. Shared by test_fake's check against the formulas and test_roofline's against the analytic
+    profile, each marked `xdist_group("llama3_8b_layer_fake")` so one worker profiles once."""
+    import json
+
+    from fixtures.cli import run_ok
+
+    config = tmp_path_factory.mktemp("llama3-8b") / "config.json"
+    config.write_text(json.dumps(LLAMA3_8B_LAYER))
+    run_ok("profile", "--hf-config", config.parent, "--fake", "--seq-len", "4096", "--micro-batch-size", "1",
+           "--out", config.parent / "f.json")
+    return config, config.parent / "f.json"

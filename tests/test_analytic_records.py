@@ -100,12 +100,12 @@ def test_evaluate_says_which_stage_keeps_the_divisor_and_why(tmp_path):
     assert "your configuration: stage 1's reserved is the divisor's" not in said
 
 
+@pytest.mark.xdist_group("llama_style_profiles")  # one worker: the shared profiles once (conftest.py)
 @pytest.mark.parametrize("fake", [True, False])
-def test_a_model_files_profile_records_every_option_and_the_loss(tmp_path, fake):
-    out = tmp_path / "p.json"
-    extra = ["--fake", "--device", "cpu"] if fake else ["--threads", "1", "--repeats", "1", "--warmup", "0"]
-    run_ok("profile", "tests/fixtures/llama_style.py", *extra, "--out", out)
-    profile = io.load_profile(out)
+def test_a_model_files_profile_records_every_option_and_the_loss(llama_style_profiles, fake):
+    """tests/fixtures/llama_style.py profiled fake (--device cpu) and measured (one thread, one repeat, no warmup)."""
+    measured, faked, _ = llama_style_profiles
+    profile = io.load_profile(faked if fake else measured)
     assert _missing(profile) == [] and profile.loss_alloc is not None
     assert any(len(layer.recompute_options) > 2 for layer in profile.layers)
 

@@ -43,14 +43,14 @@ def _same_bytes(fake, measured):
     assert fake.loss_alloc == measured.loss_alloc and fake.loss_alloc is not None
 
 
-def test_a_fake_profile_of_a_model_file_equals_the_measured_one_byte_for_byte(tmp_path):
-    model = "tests/fixtures/llama_style.py"  # RMSNorm, rotary, GQA, SwiGLU, in one nn.Sequential
-    run_ok("profile", model, "--threads", "1", "--repeats", "1", "--warmup", "0", "--out", tmp_path / "m.json")
-    result = run_ok("profile", model, "--fake", "--device", "cpu", "--out", tmp_path / "f.json")
-    measured, fake = io.load_profile(tmp_path / "m.json"), io.load_profile(tmp_path / "f.json")
+@pytest.mark.xdist_group("llama_style_profiles")  # one worker: the shared profiles once (conftest.py)
+def test_a_fake_profile_of_a_model_file_equals_the_measured_one_byte_for_byte(llama_style_profiles):
+    # tests/fixtures/llama_style.py: RMSNorm, rotary, GQA, SwiGLU, in one nn.Sequential
+    measured_path, fake_path, output = llama_style_profiles
+    measured, fake = io.load_profile(measured_path), io.load_profile(fake_path)
     _same_bytes(fake, measured)
     assert fake.source == "fake" and fake.device.type == "cpu" and fake.dtype == "float32"
-    assert "times are rooflines" in result.output and "per-kernel ceiling, not end to end" in result.output
+    assert "times are rooflines" in output and "per-kernel ceiling, not end to end" in output
 
 
 def _gpt2_config(folder, attn_pdrop: float):
@@ -118,23 +118,17 @@ def test_fake_flops_and_rooflines_of_a_linear_chain(tmp_path):
     assert profile.layers[0].step_ms == analytic.step_ms(64 * 128 + 128, gpu)
 
 
-def test_a_full_width_llama_3_8b_layer_against_the_analytic_formulas(tmp_path):
-    """One of LLaMA 3 8B's decoder layers at full width and 8192 tokens, built on meta (one: a fake
+@pytest.mark.xdist_group("llama3_8b_layer_fake")  # one worker: the shared profile once (conftest.py)
+def test_a_full_width_llama_3_8b_layer_against_the_analytic_formulas(llama3_8b_layer_fake):
+    """One of LLaMA 3 8B's decoder layers at full width and 4096 tokens, built on meta (one: a fake
     profile's time grows with its layers, and a second is the first's kind): the parameters and FLOPs
     equal the formulas; the kept bytes exceed them by what Hugging
-    Face's code keeps and a fused kernel does not."""
+    Face's code keeps and a fused kernel does not. The profile is test_roofline's too (conftest.py)."""
     pytest.importorskip("transformers")
-    config = tmp_path / "llama3-8b" / "config.json"
-    config.parent.mkdir()
-    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-                                  "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
-                                  "vocab_size": 128256, "max_position_embeddings": 8192}))
-    run_ok("profile", "--hf-config", config.parent, "--fake", "--seq-len", "8192", "--micro-batch-size", "1",
-           "--out", tmp_path / "f.json")
-    fake = io.load_profile(tmp_path / "f.json")
+    fake = io.load_profile(llama3_8b_layer_fake[1])
     assert fake.device.type == "cuda" and fake.dtype == "bfloat16" and fake.device.name == "h100-sxm (fake)"
     arch = archs.Arch(**{**archs.arch("llama3-8b").__dict__, "num_layers": 1})
-    shape = analytic.Shape(seq_len=8192, micro_batch_size=1)
+    shape = analytic.Shape(seq_len=4096, micro_batch_size=1)
     assert [layer.name for layer in fake.layers][1:-1] == ["layers.0"]
     block = fake.layers[1]
     assert block.param_count == analytic.block_params(arch, shape) == 218_112_000
@@ -144,7 +138,7 @@ def test_a_full_width_llama_3_8b_layer_against_the_analytic_formulas(tmp_path):
     # HF's RMSNorm upcasts: it keeps its input in fp32 (4sbh where a fused kernel keeps the
     # bf16 input, 2sbh) and the bf16 normalised tensor before the weight (2sbh): +4sbh per
     # norm, two norms. Rotary keeps its cos and sin, s x head_dim in bf16 each.
-    s, h, head = 8192, 4096, 128
+    s, h, head = 4096, 4096, 128
     explained = 2 * 4 * s * h + 2 * 2 * s * head
     assert block.act_bytes == sum(t.num_bytes for t in analytic.block_terms(arch, shape)) + explained
 

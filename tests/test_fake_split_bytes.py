@@ -22,7 +22,8 @@ SPLIT = ("split_held_bytes", "split_input_peak_bytes", "split_peak_bytes", "spli
 # the activations at one addmm), which carries them less the saved 512 B it frees, none of it past the next
 # group's call (no rerun). Block 0 has no input gradient.
 DP_TINY_BLOCK = (512, 1024, 4224, 4224, 3712, 0)
-MODELS = {"dp_tiny": 4, "llama_style": 2}  # model: micro-batch size
+# model: micro-batch size (llama_style's the command's default, 4: conftest's llama_style_profiles, shared)
+MODELS = {"dp_tiny": 4, "llama_style": 4}
 
 
 def _split(option) -> tuple:
@@ -32,6 +33,9 @@ def _split(option) -> tuple:
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def profiles(request, tmp_path_factory):
     """(model, measured profile, fake profile): on the CPU in float32."""
+    if request.param == "llama_style":  # the same two runs as below (the fake's float32 is its CPU default)
+        measured, fake, _ = request.getfixturevalue("llama_style_profiles")
+        return request.param, io.load_profile(measured), io.load_profile(fake)
     folder = tmp_path_factory.mktemp(request.param)
     model, rows = FIXTURES / f"{request.param}.py", str(MODELS[request.param])
     run_ok("profile", model, "--micro-batch-size", rows, "--threads", "1", "--repeats", "1", "--warmup", "0",
@@ -41,6 +45,7 @@ def profiles(request, tmp_path_factory):
     return request.param, io.load_profile(folder / "measured.json"), io.load_profile(folder / "fake.json")
 
 
+@pytest.mark.xdist_group("llama_style_profiles")  # one worker: the shared profiles once (conftest.py)
 def test_a_fake_profile_records_each_split_field_as_the_measured_one_to_the_byte(profiles):
     model, measured, fake = profiles
     pairs = [(ours.name, ours.recompute_options, theirs.recompute_options)

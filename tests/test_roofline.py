@@ -152,20 +152,26 @@ def _config(tmp_path, name, **dims):
     return path
 
 
+@pytest.mark.xdist_group("llama3_8b_layer_fake")  # one worker: the shared 8B profile once (conftest.py)
 @pytest.mark.parametrize("name, dims", [
     ("llama3-8b", dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8)),
     ("llama3-70b", dict(hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8)),
 ])
-def test_analytic_and_fake_profiles_agree_on_every_layers_time(tmp_path, name, dims):
+def test_analytic_and_fake_profiles_agree_on_every_layers_time(tmp_path, request, name, dims):
     """LLaMA 3 8B and 70B at full width, one decoder layer, 4096 tokens: the analytic profile
     (formulas) and the fake one (Hugging Face's code under FakeTensorMode) within 5% on every
-    layer's forward, backward and recompute time, and on the loss."""
+    layer's forward, backward and recompute time, and on the loss. The 8B's fake profile is test_fake's
+    too (conftest.py's llama3_8b_layer_fake: this config, these shapes)."""
     pytest.importorskip("transformers")
-    config = _config(tmp_path, name, **dims)
     shape = ("--seq-len", "4096", "--micro-batch-size", "1")
+    if name == "llama3-8b":
+        config, fake_path = request.getfixturevalue("llama3_8b_layer_fake")
+        assert json.loads(config.read_text()) == json.loads(_config(tmp_path, name, **dims).read_text())
+    else:
+        config, fake_path = _config(tmp_path, name, **dims), tmp_path / "f.json"
+        run_ok("profile", "--hf-config", config.parent, "--fake", *shape, "--out", fake_path)
     run_ok("profile", "--arch-config", config, *shape, "--out", tmp_path / "a.json")
-    run_ok("profile", "--hf-config", config.parent, "--fake", *shape, "--out", tmp_path / "f.json")
-    ours, fake = io.load_profile(tmp_path / "a.json"), io.load_profile(tmp_path / "f.json")
+    ours, fake = io.load_profile(tmp_path / "a.json"), io.load_profile(fake_path)
     for mine, theirs in zip(ours.layers, fake.layers, strict=True):
         assert mine.fwd_ms == pytest.approx(theirs.fwd_ms, rel=0.05), mine.name
         assert mine.bwd_ms == pytest.approx(theirs.bwd_ms, rel=0.05), mine.name

@@ -167,8 +167,10 @@ def test_profile_hf_config_says_deepseeks_mtp_modules_are_not_planned(tmp_path):
     word, where --arch-config warns; transformers 5.24's DeepseekV3ForCausalLM trains no MTP module (its config's
     num_mtp_layers is for generation's speculative decoding, §683). Now it says so."""
     pytest.importorskip("transformers")
+    # one (dense) decoder layer at 16 tokens: the warning is read off the config before the profile runs, and
+    # the profile's size is not what this test is about (the MoE layer's fake profile is test_fake_moe's)
     config = _config(tmp_path, "dsv3", {**_TINY_DSV3, "n_group": 1, "topk_group": 1, "rms_norm_eps": 1e-06,
-                                        "rope_theta": 10000})
-    said = " ".join(run_ok("profile", "--hf-config", config, "--fake", "--seq-len", "64", "--gpu", "h100", "--dtype",
+                                        "rope_theta": 10000, "num_hidden_layers": 1})
+    said = " ".join(run_ok("profile", "--hf-config", config, "--fake", "--seq-len", "16", "--gpu", "h100", "--dtype",
                            "bf16", "--micro-batch-size", "1", "--out", tmp_path / "p.json").output.split())
     assert "its 1 multi-token-prediction module(s) (num_nextn_predict_layers) are not planned" in said, said

@@ -161,7 +161,8 @@ def test_what_a_layer_leaves_to_the_passs_end_stays_under_every_later_layer():
 
 
 @pytest.mark.slow
-def test_a_chunk_of_two_blocks_checkpointed_whole_is_not_under_predicted_under_zbv(tmp_path):
+@pytest.mark.xdist_group("llama_style_profiles")  # one worker: the shared profiles once (conftest.py)
+def test_a_chunk_of_two_blocks_checkpointed_whole_is_not_under_predicted_under_zbv(tmp_path, llama_style_profiles):
     """ckplan's own run (gloo), llama_style under ZBV, 2 ranks x 2 chunks, [0 | 4] and [1 2 | 3], blocks 1 and 2
     `full`, 4 samples a microbatch, M 4: rank 1 measured 12,149,388 B, planned 8,605,324 before (3,544,064 under;
     without the checkpoints exact): block 1's weight-pass reruns stay under block 2's whole pass (§890)."""
@@ -170,10 +171,8 @@ def test_a_chunk_of_two_blocks_checkpointed_whole_is_not_under_predicted_under_z
     from planner.runtime.launcher import run_plan
     from tests.fixtures.cli import run_ok
 
-    root = Path(__file__).resolve().parent.parent
-    profile_path, plan_path = tmp_path / "profile.json", tmp_path / "plan.yaml"
-    run_ok("profile", root / "tests" / "fixtures" / "llama_style.py", "--micro-batch-size", "4", "--threads", "1",
-           "--repeats", "1", "--warmup", "0", "--out", profile_path)
+    # llama_style.py measured at 4 samples a microbatch (the command's default), one thread, one repeat, no warmup
+    profile_path, plan_path = llama_style_profiles[0], tmp_path / "plan.yaml"
     run_ok("solve", "--profile", profile_path, "--stages", "2", "--mem", "100MiB", "--microbatches", "4",
            "--schedule", "ZBV", "--chunks", "2", "--out", plan_path)
     solved, profile = io.load_plan(plan_path), io.load_profile(profile_path)
