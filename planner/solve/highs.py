@@ -268,7 +268,7 @@ def extract_plan(problem) -> list[StagePlan]:
         for g, run in enumerate(runs):
             idx = run.start + (prefix[s - 1][g] if s > 0 else 0)
             counts = {o: int(round(pulp.value(problem.r[s, g, o]))) for o in problem.order[g]}
-            counts[0] = 0  # the rest: none, as options[] holds already
+            counts[0] = prefix[s][g] - (prefix[s - 1][g] if s > 0 else 0) - sum(counts.values())
             placed = milp_order.placed(problem, s, g, counts)
             options[idx:idx + len(placed)] = placed
     stages = costmodel.split_to_stages(bounds, options, problem.profile)

@@ -106,7 +106,8 @@ def _left_for_weight_pass(problem: Problem, k: int, n, opens, closes):
 def _slots(problem: Problem, k: int, n) -> list[tuple[int, object, object]]:
     """Stage k's layers in their order, as (run, option, count) slots: each run's layers under its options in
     problem.order, r[k,g,o] of each, then the rest under none (0), as extract_plan places them; where the MILP
-    chooses the run's order (milp_order.positions), one slot per position, (run, {option: x}, its presence). A run
+    chooses the run's order (milp_order.positions), one slot per position, (run, {option: x}, its presence), and
+    where only its first layer is one, the rest after it in milp_order.input_order. A run
     the stage cannot hold (its count fixed at 0 by the windows) has none."""
     slots = []
     for g in range(len(problem.runs)):
@@ -115,6 +116,10 @@ def _slots(problem: Problem, k: int, n) -> list[tuple[int, object, object]]:
         chosen = milp_order.positions(problem, k, g, n)
         if chosen is not None:
             slots += [(g, position, pulp.lpSum(position.values())) for position in chosen]
+            if len(chosen) == 1:  # the run's first layer alone (milp_order._first_only): the rest in input_order
+                counts = {o: problem.r[k, g, o] for o in problem.order[g]}
+                counts[0] = n(k, g) - pulp.lpSum(counts.values())
+                slots += [(g, o, counts[o] - chosen[0][o]) for o in milp_order.input_order(problem, g)]
             continue
         order = problem.order[g]
         slots += [(g, o, problem.r[k, g, o]) for o in order]
