@@ -60,8 +60,9 @@ def test_the_chunked_milp_chooses_a_runs_option_order(seed, fraction, brute_forc
     """Four layers one run, the input pass's figures drawn (scripts/milp_carry_brute.py --run --inputs): brute
     force's plan puts a none layer of the run before a full one in a stage, which problem.order's fixed placement
     (full first) could not express: the MILP's optimum was `base` ms, 1.96-8.51% above (docs/published-runs.md
-    §67.milpexact, §69.milporder). Now each position of the run in a split stage takes its own option
-    (planner/solve/milp_order.py)."""
+    §67.milpexact, §69.milporder). Now each position of the run in a split stage takes its own option (seeds 2, 21),
+    or, where the run's options carry alike, its first layer does and the rest follow input_order (26, 38:
+    planner/solve/milp_order.py)."""
     objective, least = _milp_against_brute_force(seed, fraction, inputs=True, run=True)
     assert least == pytest.approx(brute_force, abs=1e-4)
     assert objective == pytest.approx(least, rel=1e-9), base
