@@ -14,9 +14,10 @@ there each of the run's positions in the stage takes an option of its own:
     Σ_j Σ_o x[k,g,j,o] = n[k,g],   Σ_j x[k,g,j,o] = r[k,g,o]   the counts the other rows read
 
 and the passes' rows (milp_ranks._input_pass_bound, _weight_pass_bound) run over the positions in order, each
-position's figures Σ_o figure_o·x[k,g,j,o]. Nowhere else: a stage with a B (the pipeline's first, DualPipeV's), whose
-transient rows read problem.order; a run of one layer; a run whose options' split figures are all equal (the order
-changes nothing); a schedule that does not split."""
+position's figures Σ_o figure_o·x[k,g,j,o]. Where the run's options carry alike (_first_only) one position, the
+run's first layer, suffices, the rest placed in input_order. Nowhere else: a stage with a B (the pipeline's first,
+DualPipeV's), whose transient rows read problem.order; a run of one layer; a run whose options' split figures are all
+equal (the order changes nothing); a schedule that does not split."""
 
 from __future__ import annotations
 
