@@ -18,8 +18,9 @@ from scripts.milp_carry_brute import (
 
 
 def _milp_against_brute_force(seed: int, fraction: float, carries=(0, 1, 2, 4), inputs=False,
-                              left=False) -> tuple[float, float]:
+                              left=False, run=False) -> tuple[float, float]:
     profile, roomy = drawn_profile(seed, list(carries), inputs, left), roomy_setup()
+    profile = with_a_run(profile) if run else profile
     plans = every_plan(profile, roomy)
     setup = cap_setup(plans, roomy, fraction)
     problem = milp.build_problem(profile, setup)
@@ -52,6 +53,21 @@ def test_the_chunked_milp_prices_the_input_pass_as_evaluate(seed, fraction, base
     assert objective == pytest.approx(least, rel=1e-9), base
 
 
+@pytest.mark.parametrize("seed, fraction, brute_force, base", [
+    (2, 0.2, 582.2068, 593.6226), (21, 0.2, 599.5458, 611.3016), (26, 0.4, 547.9247, 594.5566),
+    (38, 0.4, 434.7308, 471.7291)])
+def test_the_chunked_milp_chooses_a_runs_option_order(seed, fraction, brute_force, base):
+    """Four layers one run, the input pass's figures drawn (scripts/milp_carry_brute.py --run --inputs): brute
+    force's plan puts a none layer of the run before a full one in a stage, which problem.order's fixed placement
+    (full first) could not express: the MILP's optimum was `base` ms, 1.96-8.51% above (docs/published-runs.md
+    §67.milpexact, §69.milporder). Now each position of the run in a split stage takes its own option (seeds 2, 21),
+    or, where the run's options carry alike, its first layer does and the rest follow input_order (26, 38:
+    planner/solve/milp_order.py)."""
+    objective, least = _milp_against_brute_force(seed, fraction, inputs=True, run=True)
+    assert least == pytest.approx(brute_force, abs=1e-4)
+    assert objective == pytest.approx(least, rel=1e-9), base
+
+
 def test_the_chunked_milp_charges_what_a_layer_leaves_to_the_weight_passs_end():
     """A full option's carry left to the stage's weight pass's end (split_left_bytes, the reruns of §890) under
     every later layer: without those rows the MILP's optimum was 491.1807 ms, 1.3% below brute force's, with a
@@ -79,6 +95,18 @@ def test_the_chunked_milps_rows_are_evaluates_peak_over_a_run_of_layers(seed, cu
     options): two layers of one option in a row carry into each other (the weight pass's d rows), a run's option
     absent from a stage passes the carry on."""
     _check_rows_against_evaluate(with_a_run(drawn_profile(seed, [0, 1, 2, 4], inputs=True)), cuts, mask)
+
+
+@pytest.mark.parametrize("seed", [2, 26])
+@pytest.mark.parametrize("cuts, mask", [((1, 2, 5), 0b001000), ((1, 3, 5), 0b010100), ((2, 4, 5), 0b001000)])
+def test_the_chunked_milps_rows_are_evaluates_peak_for_a_run_out_of_problem_order(seed, cuts, mask):
+    """The same with a none layer of the run before a full one in a stage (positions the MILP now chooses,
+    milp_order.py): start_values fixes the positions to the plan's order, extract_plan reads it back. On the base
+    the rows priced problem.order's placement (full first), not the plan's."""
+    problem, stages = _check_rows_against_evaluate(with_a_run(drawn_profile(seed, [0, 1, 2, 4], inputs=True)), cuts,
+                                                   mask)
+    assert [stage.recompute for stage in milp.extract_plan(problem)] == [
+        stage.recompute for stage in costmodel.ranks_of(stages, roomy_setup())]
 
 
 def test_the_chunked_milps_rows_charge_a_first_group_above_its_layers_peak():
@@ -119,3 +147,4 @@ def _check_rows_against_evaluate(profile, cuts, mask):
         largest = max(sum(coef * var.varValue for var, coef in row.items() if var.name != "scale") + row.constant
                       for row in rows) - costmodel.FIT_MARGIN_BYTES / 2**20
         assert largest * 2**20 == pytest.approx(peak, abs=2), rank
+    return problem, stages

@@ -14,6 +14,7 @@ import pulp
 
 from planner.cost import costmodel
 from planner.schema import StagePlan
+from planner.solve import milp_order
 
 
 @dataclass(frozen=True)
@@ -237,9 +238,10 @@ def start_values(problem, stages: list[StagePlan], *, threads: int | None = None
             layers_before = max(0, min(end, run.start + run.size) - run.start)
             if not isinstance(problem.y[s, g], int):
                 fixed[problem.y[s, g]] = layers_before
+            mine = [chosen[i] for i in range(max(begin, run.start), min(end, run.start + run.size))]
             for o in problem.order[g]:
-                fixed[problem.r[s, g, o]] = sum(1 for i in range(max(begin, run.start), min(end, run.start + run.size))
-                                                if chosen[i] == o)
+                fixed[problem.r[s, g, o]] = mine.count(o)
+            fixed.update(milp_order.fixed_values(problem, s, g, mine))  # their order, where the MILP chooses it
     saved = {var: (var.lowBound, var.upBound) for var in fixed}
     for var, value in fixed.items():
         var.lowBound = var.upBound = value
@@ -255,7 +257,8 @@ def start_values(problem, stages: list[StagePlan], *, threads: int | None = None
 
 def extract_plan(problem) -> list[StagePlan]:
     """Stage boundaries from the prefix counts; in each stage, each run's layers take their
-    options in problem.order, r[s,g,o] of each, the rest none (same-kind layers cost the same).
+    options in problem.order, r[s,g,o] of each, the rest none (same-kind layers cost the same), or, where the
+    MILP chose the run's order there, in its positions' (milp_order.placed).
     A chunked schedule's stages come back as its ranks, each with its chunks."""
     setup, runs = problem.setup, problem.runs
     prefix = [[int(round(pulp.value(problem.y[s, g]))) for g in range(len(runs))] for s in range(setup.pipeline.stages)]
@@ -264,9 +267,9 @@ def extract_plan(problem) -> list[StagePlan]:
     for s in range(setup.pipeline.stages):
         for g, run in enumerate(runs):
             idx = run.start + (prefix[s - 1][g] if s > 0 else 0)
-            for o in problem.order[g]:
-                for _ in range(int(round(pulp.value(problem.r[s, g, o])))):
-                    options[idx] = o
-                    idx += 1
+            counts = {o: int(round(pulp.value(problem.r[s, g, o]))) for o in problem.order[g]}
+            counts[0] = prefix[s][g] - (prefix[s - 1][g] if s > 0 else 0) - sum(counts.values())
+            placed = milp_order.placed(problem, s, g, counts)
+            options[idx:idx + len(placed)] = placed
     stages = costmodel.split_to_stages(bounds, options, problem.profile)
     return stages if problem.outer is None else costmodel.ranks_of(stages, problem.outer)

@@ -9,6 +9,7 @@ import pulp
 
 from planner.cost import costmodel, schedules, stagesends
 from planner.cost.loss_records import input_pass_retained_bytes
+from planner.solve import milp_order
 from planner.solve.milp_rows import (
     MIB,
     Problem,
@@ -102,13 +103,23 @@ def _left_for_weight_pass(problem: Problem, k: int, n, opens, closes):
     return pulp.lpSum(total)
 
 
-def _slots(problem: Problem, k: int, n) -> list[tuple[int, int, object]]:
+def _slots(problem: Problem, k: int, n) -> list[tuple[int, object, object]]:
     """Stage k's layers in their order, as (run, option, count) slots: each run's layers under its options in
-    problem.order, r[k,g,o] of each, then the rest under none (0), as extract_plan places them. A run the stage
-    cannot hold (its count fixed at 0 by the windows) has none."""
+    problem.order, r[k,g,o] of each, then the rest under none (0), as extract_plan places them; where the MILP
+    chooses the run's order (milp_order.positions), one slot per position, (run, {option: x}, its presence), and
+    where only its first layer is one, the rest after it in milp_order.input_order. A run
+    the stage cannot hold (its count fixed at 0 by the windows) has none."""
     slots = []
     for g in range(len(problem.runs)):
         if isinstance(n(k, g), int) and n(k, g) == 0:
+            continue
+        chosen = milp_order.positions(problem, k, g, n)
+        if chosen is not None:
+            slots += [(g, position, pulp.lpSum(position.values())) for position in chosen]
+            if len(chosen) == 1:  # the run's first layer alone (milp_order._first_only): the rest in input_order
+                counts = {o: problem.r[k, g, o] for o in problem.order[g]}
+                counts[0] = n(k, g) - pulp.lpSum(counts.values())
+                slots += [(g, o, counts[o] - chosen[0][o]) for o in milp_order.input_order(problem, g)]
             continue
         order = problem.order[g]
         slots += [(g, o, problem.r[k, g, o]) for o in order]
@@ -146,6 +157,9 @@ def _input_pass_bound(problem: Problem, k: int, n):
     after, most = 0, 0.0  # L_b (MiB) and M_b, from the stage's last slot back
     for b, (g, o, count) in reversed(list(enumerate(_slots(problem, k, n)))):
         run = problem.runs[g]
+        if isinstance(o, dict):  # a position of a run whose order the MILP chooses: its option's figures
+            after, most = _input_pass_position(problem, k, b, run.layer, o, bound, last, after, most)
+            continue
         peak, held = _layer(problem, ("ipeak",), run.layer, o) / MIB, _layer(problem, ("wgrad",), run.layer, o) / MIB
         if peak + last <= 0 and held <= 0 and most <= 0:
             continue  # U_k ≥ 0
@@ -157,6 +171,23 @@ def _input_pass_bound(problem: Problem, k: int, n):
             problem.lp += total == after + held * count, f"input_left_{k}_{b}"
             after, most = total, most + held * run.size
     return bound
+
+
+def _input_pass_position(problem: Problem, k: int, b: int, layer, position: dict, bound, last: float, after, most):
+    """_input_pass_bound's row for one position (milp_order): its option's input peak on what the later slots
+    leave, U_k ≥ Σ_o (ipeak_o + last)·x_o + L_b - M_b·(1 - Σ_o x_o); returns L and M with the position's own."""
+    peak = {o: _layer(problem, ("ipeak",), layer, o) / MIB for o in position}
+    held = {o: _layer(problem, ("wgrad",), layer, o) / MIB for o in position}
+    if all(peak[o] + last <= 0 and held[o] <= 0 for o in position) and most <= 0:
+        return after, most  # U_k ≥ 0
+    present = pulp.lpSum(position.values())
+    problem.lp += (bound >= pulp.lpSum((peak[o] + last / MIB) * x for o, x in position.items()) + after
+                   - most * (1 - present), f"input_pass_{k}_{b}")
+    if max(held.values()) <= 0:
+        return after, most
+    total = pulp.LpVariable(f"L_{k}_{b}", lowBound=0)
+    problem.lp += total == after + pulp.lpSum(held[o] * x for o, x in position.items()), f"input_left_{k}_{b}"
+    return total, most + max(held.values())
 
 
 def _weight_pass_bound(problem: Problem, k: int, n):
@@ -181,6 +212,10 @@ def _weight_pass_bound(problem: Problem, k: int, n):
     lefts, left_most = [], 0.0  # L_b's terms (MiB) and its most
     for b, (g, o, count) in enumerate(_slots(problem, k, n)):
         run = problem.runs[g]
+        if isinstance(o, dict):  # a position of a run whose order the MILP chooses: its option's figures
+            carry, most, left_most = _weight_pass_position(problem, k, b, run.layer, o, whole, carry, most, lefts,
+                                                           left_most)
+            continue
         peak = _layer(problem, ("wpeak",), run.layer, o) / MIB
         if peak <= 0:
             continue
@@ -211,6 +246,43 @@ def _weight_pass_bound(problem: Problem, k: int, n):
             lefts.append(stays * count)
             left_most += stays * run.size
     return whole
+
+
+def _weight_pass_position(problem: Problem, k: int, b: int, layer, position: dict, whole, carry, most: float,
+                          lefts: list, left_most: float):
+    """_weight_pass_bound's rows for one position (milp_order), q = Σ_o x_o over the options with a weight pass
+    (none of them: the position passes the carry on, as evaluate skips it):
+        W_k ≥ Σ_o max(wpeak_o, wfirst_o)·x_o + L_b - ML_b·(1 - q),
+        W_k ≥ Σ_o wfirst_o·x_o + C_b + L_b - (M_b + ML_b)·(1 - q),
+        C_{b+1} ≥ Σ_o wcarry_o·x_o,   C_{b+1} ≥ C_b - M_b·q,   L_{b+1} = L_b + Σ_o s_o·x_o,
+    two layers of one option in a row being two positions, no d rows. Returns C, M and ML (`lefts` grows)."""
+    figures = {}
+    for o, x in position.items():
+        peak = _layer(problem, ("wpeak",), layer, o) / MIB
+        if peak > 0:
+            first, held = _layer(problem, ("wfirst",), layer, o) / MIB, _layer(problem, ("wcarry",), layer, o) / MIB
+            stays = min(_layer(problem, ("wleft",), layer, o) / MIB, held)
+            figures[o] = (max(peak, first), first, held - stays, stays, x)
+    if not figures:
+        return carry, most, left_most
+    on = pulp.lpSum(x for *_, x in figures.values())
+    under = pulp.lpSum(lefts) - left_most * (1 - on) if left_most else 0
+    problem.lp += whole >= pulp.lpSum(peak * x for peak, *_, x in figures.values()) + under, f"weight_pass_{k}_{b}"
+    if most > 0 and any(first + most > peak for peak, first, *_ in figures.values()):
+        problem.lp += (whole >= pulp.lpSum(first * x for _, first, *_, x in figures.values()) + carry + pulp.lpSum(lefts)
+                       - (most + left_most) * (1 - on), f"weight_first_{k}_{b}")
+    largest = max(held for _, _, held, *_ in figures.values())
+    if largest > 0 or most > 0:
+        into = pulp.LpVariable(f"C_{k}_{b}", lowBound=0)
+        problem.lp += into >= pulp.lpSum(held * x for _, _, held, _, x in figures.values()), f"weight_carry_{k}_{b}"
+        if most > 0:
+            problem.lp += into >= carry - most * on, f"weight_carried_{k}_{b}"
+        carry, most = into, max(most, largest)
+    staying = max(stays for *_, stays, _ in figures.values())
+    if staying > 0:
+        lefts.append(pulp.lpSum(stays * x for *_, stays, x in figures.values()))
+        left_most += staying
+    return carry, most, left_most
 
 
 def _weighted(vector: tuple[int, ...], per_count: list[list]):

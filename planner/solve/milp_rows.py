@@ -53,6 +53,9 @@ class Problem:
     _moments: dict | None = None  # megatron_fsdp_moments.held_layers, read once (moments())
     # (stage, slot) -> [the slot's layers present] (milp_ranks._slot_presence)
     slots_present: dict = field(default_factory=dict)
+    # (stage, run) -> its positions' option binaries where the MILP chooses the run's order there, else None
+    # (milp_order.positions)
+    positions: dict = field(default_factory=dict)
     # checks that add rows once a solution is seen (highs.solve), and the ZeRO 1 cuts added (milp_zeroone.py)
     lazy: list = field(default_factory=list)
     lazy_rows: list = field(default_factory=list)
