@@ -112,7 +112,7 @@ def rank_tied_once_bytes(profile: Profile, chunks: Sequence[set[str]], setup: Tr
     hold it (a V puts the token embedding and the LM head on rank 0; one module, one
     nn.Parameter): minus the copies charged to its chunks beyond the first (inside one stage,
     tied_once_bytes), and their step counts (stepcounts.rank_tied_once_bytes)."""
-    copies = sum(max(0, sum(bool(set(item.layers) & chunk) for chunk in chunks) - 1) * item.param_count
+    copies = sum(item.extra_holders(chunks) * item.param_count
                  for item in profile.tied)
     return -copies * bytes_per_param(setup) + stepcounts.rank_tied_once_bytes(profile, chunks, setup)
 

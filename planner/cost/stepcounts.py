@@ -48,5 +48,5 @@ def rank_tied_once_bytes(profile: Profile, chunks, setup: TrainSetup) -> int:
     """A rank of several chunks (their layer names) steps a tied parameter once, its one module holding it once (a V
     puts the token embedding and the LM head on rank 0): minus the counts of its holders beyond the first chunk's."""
     counted = {layer.name for layer in profile.layers if layer.param_tensors}
-    return -per_tensor_bytes(profile, setup) * sum(max(0, sum(bool(set(item.layers) & chunk & counted) for chunk in chunks) - 1)
+    return -per_tensor_bytes(profile, setup) * sum(item.extra_holders(chunks, among=counted)
                                                    for item in profile.tied)

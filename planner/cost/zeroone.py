@@ -80,7 +80,7 @@ def tied_copies(profile: Profile, chunks: Sequence[set[str]]) -> list[int]:
     """The numels of the tied tensors a rank's chunks (their layer names) hold beyond the first holder's: one module
     over the chunks holds each once (as rules.rank_tied_once_bytes)."""
     return [item.param_count for item in profile.tied
-            for _ in range(max(0, sum(bool(set(item.layers) & chunk) for chunk in chunks) - 1))]
+            for _ in range(item.extra_holders(chunks))]
 
 
 def rank_excess_bytes(chunks: Sequence[Sequence[LayerCost]], *, profile: Profile, setup: TrainSetup) -> float:

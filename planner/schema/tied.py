@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydantic import Field
 
 from planner.schema.fields import Bytes, Ms, Strict
@@ -20,3 +22,9 @@ class TiedSet(Strict):
     # (measure.tied_sets) or its roofline (analytic_tied.tied_sum_ms); read on one stage (cost/tiedadd.py). Across
     # stages the cost model charges the all-reduce between the holders from bytes over their link (rules.tied_sum_ms).
     sum_ms: Ms = 0.0
+
+    def extra_holders(self, chunks: Iterable[set[str]], *, among: set[str] | None = None) -> int:
+        """How many of a rank's chunks (their layer names) hold it beyond the first: one module over the chunks holds
+        it once (a V puts the token embedding and the LM head on rank 0). `among`: only those layers count."""
+        mine = set(self.layers) if among is None else set(self.layers) & among
+        return max(0, sum(bool(mine & chunk) for chunk in chunks) - 1)
